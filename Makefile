@@ -1,0 +1,12 @@
+# The two commands of the README. Each one sets up .venv first (idempotent, cached).
+PY := .venv/bin/python
+
+.PHONY: demo test setup
+setup:
+	bash scripts/bootstrap.sh
+
+demo: setup
+	$(PY) scripts/run_demo.py
+
+test: setup
+	$(PY) -m pytest -q tests

@@ -1,0 +1,128 @@
+"""FAISS maximum-inner-product index: build from a factory string, search, save, load.
+
+All indexes use ``METRIC_INNER_PRODUCT`` (the paper's MIPS): ``Flat`` is exact, ``HNSW32``
+is a graph, ``IVF4096,SQ8`` is the paper's compressed form (8-bit scalar quantisation),
+``IVF256,PQ32`` product quantisation. Quantizers are trained on a random sample of the
+vectors. ``nprobe`` (IVF) and ``efSearch`` (HNSW) are set at search time.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+import numpy as np
+
+from rag_plugin.errors import UserError
+from rag_plugin.io_utils import atomic_path
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def set_faiss_threads(n: Optional[int] = None) -> None:
+    """Use ``n`` threads in FAISS (default: the CPUs this process may run on)."""
+    n = n or len(os.sched_getaffinity(0))
+    _faiss().omp_set_num_threads(max(1, n))
+
+
+def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, seed: int = 0,
+                add_batch: int = 65536, progress: bool = True):
+    """Build an inner-product index over ``vectors`` [N, D] float32 from a factory string."""
+    faiss = _faiss()
+    n, dim = vectors.shape
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else "invalid"
+        raise UserError(f"FAISS cannot build index {factory!r}: {first}",
+                        fix="use e.g. Flat, HNSW32, IVF256,SQ8 or IVF256,PQ16") from None
+    if not index.is_trained:
+        nlist = _ivf_nlist(index)
+        if nlist is not None and n < nlist:
+            raise UserError(f"index {factory!r} needs at least {nlist} vectors to train its "
+                            f"{nlist} lists, the collection has {n}",
+                            fix=f"use fewer lists (e.g. IVF{max(1, int(np.sqrt(n)))},SQ8) or Flat")
+        sample = vectors
+        if n > train_size:
+            rng = np.random.default_rng(seed)
+            sample = vectors[np.sort(rng.choice(n, size=train_size, replace=False))]
+        index.train(np.ascontiguousarray(sample, dtype=np.float32))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=n, desc=f"index {factory}", unit=" vec", mininterval=1.0)
+    for start in range(0, n, add_batch):
+        chunk = np.ascontiguousarray(vectors[start:start + add_batch], dtype=np.float32)
+        index.add(chunk)
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return index
+
+
+def _ivf_nlist(index) -> Optional[int]:
+    faiss = _faiss()
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+    return int(ivf.nlist)
+
+
+def set_search_params(index, nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> None:
+    """Set IVF ``nprobe`` and/or HNSW ``efSearch`` where the index has them."""
+    faiss = _faiss()
+    params = faiss.ParameterSpace()
+    if nprobe is not None:
+        if _ivf_nlist(index) is None:
+            raise UserError("--nprobe applies to IVF indexes only", fix="drop --nprobe")
+        params.set_index_parameter(index, "nprobe", int(nprobe))
+    if ef_search is not None:
+        try:
+            params.set_index_parameter(index, "efSearch", int(ef_search))
+        except RuntimeError:
+            raise UserError("--ef-search applies to HNSW indexes only", fix="drop --ef-search") from None
+
+
+def search(index, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` by inner product: (scores float32 [B, k], rows int64 [B, k]), best first."""
+    if k < 1:
+        raise UserError(f"k must be at least 1, got {k}")
+    if k > index.ntotal:
+        raise UserError(f"k={k} is larger than the collection ({index.ntotal} passages)",
+                        fix=f"ask for at most {index.ntotal}")
+    if queries.ndim != 2 or queries.shape[1] != index.d:
+        raise UserError(f"query vectors have dimension {queries.shape[-1]}, the index {index.d}",
+                        fix="use the query encoder that matches the knowledge source's document encoder")
+    scores, rows = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+    return scores, rows
+
+
+def write_index(index, path: str) -> None:
+    faiss = _faiss()
+    with atomic_path(path) as tmp:
+        faiss.write_index(index, str(tmp))
+
+
+def read_index(path: str, mmap: bool = False):
+    faiss = _faiss()
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("FAISS index file missing", path=str(p),
+                        fix="rebuild the knowledge source with scripts/build_knowledge_source.py")
+    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    try:
+        return faiss.read_index(str(p), flags)
+    except RuntimeError:
+        raise UserError("FAISS index file is corrupted or truncated", path=str(p),
+                        fix="rebuild the knowledge source") from None
+
+
+def index_bytes(index) -> int:
+    """Serialized size of an index in bytes."""
+    return int(_faiss().serialize_index(index).nbytes)

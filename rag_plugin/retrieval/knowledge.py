@@ -1,0 +1,295 @@
+"""A knowledge source: passage store + frozen document vectors + FAISS index + manifest.
+
+Directory layout (``KS_DIR``)::
+
+    passages/        the passage store (see passages.py)
+    vectors.npy      float32 [N, D] document vectors d(z), memory-mapped; the model
+                     recomputes q.d from them so gradients reach the query encoder
+    index.faiss      the MIPS index over the same vectors
+    manifest.json    written LAST: encoder identity (and weights hash), dimension, pooling,
+                     count, factory, passage-store hash. No manifest, no knowledge source.
+    .build/          only while building: settings and finished embedding shards (resume)
+
+The builder is resumable: embedding shards land atomically in ``.build/shards`` and a rerun
+skips the finished ones. A half-built directory has no manifest and cannot be loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from rag_plugin.errors import UserError
+from rag_plugin.io_utils import atomic_path, atomic_write_json
+from rag_plugin.retrieval import index as faiss_index
+from rag_plugin.retrieval.passages import PassageStore, read_passages
+
+FORMAT = "rag_plugin.knowledge/1"
+MANIFEST = "manifest.json"
+BUILD_DIR = ".build"
+
+
+@dataclass
+class BuildSettings:
+    """Everything that determines a knowledge source's content (a rerun must match)."""
+
+    passages: str
+    encoder: str = "minilm"
+    index_factory: str = "Flat"
+    split_words: Optional[int] = None
+    dict: Optional[str] = None
+    bpe_model: Optional[str] = None
+    gpt2_encoder_json: Optional[str] = None
+    gpt2_vocab_bpe: Optional[str] = None
+    train_size: int = 100_000
+    seed: int = 0
+
+    def fingerprint(self) -> dict:
+        out = asdict(self)
+        p = Path(self.passages)
+        st = p.stat()
+        out["passages"] = str(p.resolve())
+        out["passages_size"] = st.st_size
+        out["passages_mtime_ns"] = st.st_mtime_ns
+        for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe"):
+            if out[key]:
+                out[key] = str(Path(out[key]).resolve())
+        return out
+
+
+# ---------------------------------------------------------------------------------- loading
+class KnowledgeSource:
+    """A loaded, verified knowledge source (see the module docstring for the layout)."""
+
+    def __init__(self, directory: str, mmap_index: bool = False):
+        d = Path(directory)
+        if not d.is_dir():
+            raise UserError("knowledge source directory not found", path=str(d),
+                            fix="build one with scripts/build_knowledge_source.py")
+        mpath = d / MANIFEST
+        if not mpath.is_file():
+            hint = ("its build did not finish: rerun scripts/build_knowledge_source.py to resume"
+                    if (d / BUILD_DIR).exists() else
+                    "build one with scripts/build_knowledge_source.py")
+            raise UserError("not a complete knowledge source (no manifest.json)", path=str(d),
+                            fix=hint)
+        try:
+            self.manifest = json.loads(mpath.read_text(encoding="utf-8"))
+            if self.manifest.get("format") != FORMAT:
+                raise ValueError
+            count, dim = int(self.manifest["count"]), int(self.manifest["dim"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise UserError("manifest is corrupted or of an unknown format", path=str(mpath),
+                            fix="rebuild the knowledge source") from None
+        self.directory = d
+        self.passages = PassageStore(str(d / "passages"))
+        if len(self.passages) != count or self.passages.sha256 != self.manifest["passage_store"]["sha256"]:
+            raise UserError(f"passage store ({len(self.passages)} passages) does not match the "
+                            f"manifest ({count} passages)", path=str(d / "passages"),
+                            fix="the directory mixes two builds: rebuild the knowledge source")
+        vpath = d / "vectors.npy"
+        try:
+            self.vectors = np.load(vpath, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise UserError("document vectors missing", path=str(vpath),
+                            fix="rebuild the knowledge source") from None
+        except ValueError:
+            raise UserError("document vectors are corrupted or truncated", path=str(vpath),
+                            fix="rebuild the knowledge source") from None
+        if self.vectors.shape != (count, dim) or self.vectors.dtype != np.float32:
+            raise UserError(f"document vectors have shape {self.vectors.shape}, the manifest says "
+                            f"({count}, {dim})", path=str(vpath), fix="rebuild the knowledge source")
+        self._mmap_index = mmap_index
+        self._index = None
+
+    # ------------------------------------------------------------------ properties
+    def __len__(self) -> int:
+        return int(self.manifest["count"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    @property
+    def encoder_spec(self) -> str:
+        return self.manifest["encoder_spec"]
+
+    @property
+    def encoder_identity(self) -> dict:
+        return self.manifest["encoder"]
+
+    @property
+    def index(self):
+        if self._index is None:
+            path = self.directory / "index.faiss"
+            index = faiss_index.read_index(str(path), mmap=self._mmap_index)
+            if index.ntotal != len(self) or index.d != self.dim:
+                raise UserError(f"index holds {index.ntotal} vectors of dimension {index.d}, the "
+                                f"manifest says {len(self)} of {self.dim}", path=str(path),
+                                fix="rebuild the knowledge source")
+            self._index = index
+        return self._index
+
+    def set_search_params(self, nprobe: Optional[int] = None, ef_search: Optional[int] = None):
+        faiss_index.set_search_params(self.index, nprobe=nprobe, ef_search=ef_search)
+
+    def load_encoder(self):
+        """The bi-encoder the documents were embedded with (its query tower initialises q)."""
+        from rag_plugin.retrieval.encoders import load_encoder
+
+        encoder = load_encoder(self.encoder_spec)
+        self.check_encoder(encoder.identity(), what=f"encoder {self.encoder_spec!r}")
+        return encoder
+
+    def check_encoder(self, identity: dict, what: str = "the checkpoint's encoder") -> None:
+        """Raise unless ``identity`` names the same document encoder as this index's."""
+        mine = self.encoder_identity
+        keys = ("dim", "pooling", "passage_weights_sha256")
+        if any(identity.get(k) != mine.get(k) for k in keys if k in mine):
+            raise UserError(f"{what} does not match the document encoder of this knowledge source "
+                            f"({mine.get('name')}, dim {mine.get('dim')})",
+                            path=str(self.directory / MANIFEST),
+                            fix="use a knowledge source embedded with the same document encoder")
+
+
+# ---------------------------------------------------------------------------------- building
+def _check_out_dir(out: Path, fingerprint: dict, restart: bool) -> str:
+    """Decide what to do with ``out``: 'new', 'resume' or 'done'; refuse foreign content."""
+    if not out.exists():
+        return "new"
+    if not out.is_dir():
+        raise UserError("output path exists and is not a directory", path=str(out),
+                        fix="choose another --out")
+    entries = {p.name for p in out.iterdir()}
+    if not entries:
+        return "new"
+    state = out / BUILD_DIR / "settings.json"
+    if MANIFEST in entries:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        if manifest.get("build_settings") == fingerprint:
+            return "done"
+        raise UserError("output directory already holds a knowledge source built with other "
+                        "settings", path=str(out), fix="choose another --out or delete it first")
+    if state.is_file():
+        if restart:
+            shutil.rmtree(out)
+            return "new"
+        if json.loads(state.read_text(encoding="utf-8")) == fingerprint:
+            return "resume"
+        raise UserError("output directory holds an unfinished build with other settings",
+                        path=str(out), fix="rerun with the same settings, or add --restart to discard it")
+    raise UserError("output directory is not empty and is not a knowledge source", path=str(out),
+                    fix="choose a new or empty --out directory")
+
+
+def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
+                           shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
+                           progress: bool = True, log=print) -> KnowledgeSource:
+    """Build (or resume building) a knowledge source in ``out_dir``."""
+    from rag_plugin.retrieval.encoders import load_encoder
+    from rag_plugin.retrieval.tokenization import load_generator_tokenizer
+
+    out = Path(out_dir)
+    if not Path(settings.passages).is_file():
+        raise UserError("passages file not found", path=settings.passages,
+                        fix="pass --passages with a .tsv (DPR layout) or .jsonl file")
+    fingerprint = settings.fingerprint()
+    mode = _check_out_dir(out, fingerprint, restart)
+    if mode == "done":
+        log(f"{out}: knowledge source is up to date")
+        return KnowledgeSource(str(out))
+    tokenizer = None
+    if settings.dict:
+        tokenizer = load_generator_tokenizer(settings.dict, settings.bpe_model,
+                                             settings.gpt2_encoder_json, settings.gpt2_vocab_bpe)
+    elif settings.bpe_model or settings.gpt2_encoder_json:
+        raise UserError("a subword model was given without the generator dictionary",
+                        fix="pass --dict dict.txt as well")
+    encoder = encoder if encoder is not None else load_encoder(settings.encoder)
+    state = out / BUILD_DIR
+    shards = state / "shards"
+    shards.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(state / "settings.json", fingerprint)
+
+    # 1. passages (re-read only if the store is not complete)
+    store_dir = out / "passages"
+    if (store_dir / "meta.json").is_file() and (state / "passages.done").is_file():
+        store = PassageStore(str(store_dir))
+        log(f"passage store: {len(store)} passages (already built)")
+    else:
+        store = PassageStore.write(str(store_dir), read_passages(settings.passages, settings.split_words),
+                                   tokenizer=tokenizer, source={"file": fingerprint["passages"],
+                                                                "split_words": settings.split_words},
+                                   progress=progress)
+        (state / "passages.done").write_text("ok\n")
+        log(f"passage store: {len(store)} passages")
+
+    # 2. embedding shards, each written atomically; finished ones are skipped
+    n = len(store)
+    dim = int(encoder.dim)
+    starts = list(range(0, n, shard_size))
+    todo = [s for s in starts if not (shards / f"{s:012d}.npy").is_file()]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=n, initial=n - sum(min(shard_size, n - s) for s in todo),
+                   desc="embedding", unit=" psg", mininterval=1.0, smoothing=0.1)
+    t0 = time.perf_counter()
+    for s in todo:
+        e = min(s + shard_size, n)
+        titles = [store.title(r) for r in range(s, e)]
+        texts = [store.text(r) for r in range(s, e)]
+        vecs = np.asarray(encoder.encode_passages(titles, texts, batch_size=batch_size, progress=False),
+                          dtype=np.float32)
+        if vecs.shape != (e - s, dim):
+            raise RuntimeError(f"encoder returned {vecs.shape}, expected {(e - s, dim)}")
+        with atomic_path(shards / f"{s:012d}.npy") as tmp:
+            with open(tmp, "wb") as fh:
+                np.save(fh, vecs, allow_pickle=False)
+        if bar is not None:
+            bar.update(e - s)
+    if bar is not None:
+        bar.close()
+    embed_seconds = time.perf_counter() - t0
+
+    # 3. all vectors in one memory-mappable array
+    with atomic_path(out / "vectors.npy") as tmp:
+        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
+        for s in starts:
+            vectors[s:s + shard_size] = np.load(shards / f"{s:012d}.npy", allow_pickle=False)
+        vectors.flush()
+        del vectors
+    vectors = np.load(out / "vectors.npy", mmap_mode="r")
+
+    # 4. the index
+    index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
+                                    seed=settings.seed, progress=progress)
+    faiss_index.write_index(index, str(out / "index.faiss"))
+
+    # 5. the manifest, last
+    identity = encoder.identity()
+    manifest = {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "count": n,
+        "dim": dim,
+        "metric": "inner_product",
+        "index_factory": settings.index_factory,
+        "index_bytes": os.path.getsize(out / "index.faiss"),
+        "encoder_spec": settings.encoder,
+        "encoder": identity,
+        "pooling": identity.get("pooling"),
+        "passage_store": {"sha256": store.sha256, "count": n, "tokenizer": store.tokenizer_identity},
+        "build_settings": fingerprint,
+        "embedding_seconds": round(embed_seconds, 2),
+    }
+    atomic_write_json(out / MANIFEST, manifest)
+    shutil.rmtree(state, ignore_errors=True)
+    log(f"{out}: {n} passages, dim {dim}, index {settings.index_factory}")
+    return KnowledgeSource(str(out))

@@ -1,0 +1,343 @@
+"""Passage store: read a collection once, keep titles, texts and generator token ids on disk.
+
+Readers accept DPR's ``psgs_w100.tsv`` layout (``id<TAB>text<TAB>title`` with a header line)
+and JSONL (``{"id", "title", "text"}`` per line), optionally splitting documents into
+``split_words``-word passages (the paper's 100-word unit). The store keeps, per passage row:
+its id, title, text, and the generator's token ids for title and text (pre-tokenized once),
+as ragged arrays in memory-mapped files (``<field>.bin`` data + ``<field>.idx`` int64
+offsets). No training or decoding step ever re-tokenizes a passage string.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from rag_plugin.errors import UserError
+from rag_plugin.io_utils import atomic_write_json
+
+STORE_FORMAT = "rag_plugin.passages/1"
+STRING_FIELDS = ("ids", "titles", "texts")
+TOKEN_FIELDS = ("title_tokens", "text_tokens")
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: str
+    title: str
+    text: str
+
+
+# ---------------------------------------------------------------------------------- readers
+def _open_text(path: Path):
+    if not path.is_file():
+        raise UserError("passages file not found", path=str(path),
+                        fix="pass --passages with a .tsv (DPR layout) or .jsonl file")
+    return open(path, "rb")
+
+
+def _decode(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"not valid UTF-8 at byte {err.start} of the line", path=str(path),
+                        line=lineno, fix="re-encode the file as UTF-8") from None
+
+
+def _read_tsv(path: Path) -> Iterator[Passage]:
+    with _open_text(path) as fh:
+        header = fh.readline()
+        if not header:
+            return
+        cols = _decode(header, path, 1).rstrip("\r\n").split("\t")
+        if cols != ["id", "text", "title"]:
+            raise UserError(f"header is {cols!r}, expected ['id', 'text', 'title']",
+                            path=str(path), line=1,
+                            fix="use DPR's psgs_w100.tsv layout: id<TAB>text<TAB>title, with that header")
+        for lineno, raw in enumerate(fh, 2):
+            line = _decode(raw, path, lineno).rstrip("\r\n")
+            if not line:
+                continue
+            parts = line.split("\t")
+            if len(parts) != 3:
+                raise UserError(f"expected 3 tab-separated columns (id, text, title), found {len(parts)}",
+                                path=str(path), line=lineno, fix="fix or remove that row")
+            pid, text, title = parts
+            if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
+                text = text[1:-1].replace('""', '"')  # DPR's csv-style quoting
+            yield Passage(pid.strip(), title, text)
+
+
+def _read_jsonl(path: Path) -> Iterator[Passage]:
+    with _open_text(path) as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = _decode(raw, path, lineno).strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"invalid JSON ({err.msg})", path=str(path), line=lineno,
+                                fix='each line must be {"id": ..., "title": ..., "text": ...}') from None
+            if not isinstance(obj, dict):
+                raise UserError("line is not a JSON object", path=str(path), line=lineno,
+                                fix='each line must be {"id": ..., "title": ..., "text": ...}')
+            missing = [k for k in ("id", "text") if k not in obj]
+            if missing:
+                raise UserError(f"missing field(s) {', '.join(missing)}", path=str(path), line=lineno,
+                                fix='each line must be {"id": ..., "title": ..., "text": ...}')
+            title = obj.get("title") or ""
+            if not isinstance(obj["text"], str) or not isinstance(title, str):
+                raise UserError("fields 'title' and 'text' must be strings", path=str(path),
+                                line=lineno, fix="fix that line")
+            yield Passage(str(obj["id"]), title, obj["text"])
+
+
+def split_passage(p: Passage, words: int) -> List[Passage]:
+    """Split a document into consecutive ``words``-word passages (ids ``<id>_<n>``)."""
+    tokens = p.text.split()
+    if len(tokens) <= words:
+        return [p]
+    return [Passage(f"{p.id}_{n}", p.title, " ".join(tokens[i:i + words]))
+            for n, i in enumerate(range(0, len(tokens), words))]
+
+
+def read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Passage]:
+    """Stream passages from a ``.tsv`` (DPR layout) or ``.jsonl`` file, checking as it goes.
+
+    Raises :class:`UserError` (file and line) on malformed rows, non-UTF-8 bytes, empty or
+    duplicate ids and empty collections.
+    """
+    p = Path(path)
+    name = p.name.lower()
+    if name.endswith((".tsv", ".tsv.txt")):
+        rows = _read_tsv(p)
+    elif name.endswith((".jsonl", ".json")):
+        rows = _read_jsonl(p)
+    else:
+        raise UserError("unknown passages format", path=path,
+                        fix="use a .tsv file (DPR layout: id, text, title) or a .jsonl file")
+    if split_words is not None and split_words <= 0:
+        raise UserError(f"--split-words must be positive, got {split_words}")
+    seen: set = set()
+    count = 0
+    for lineno, passage in enumerate(rows, 1):
+        if not passage.id:
+            raise UserError("empty passage id", path=path, fix="give every passage an id")
+        if passage.id in seen:
+            raise UserError(f"duplicate passage id {passage.id!r}", path=path,
+                            fix="make passage ids unique")
+        seen.add(passage.id)
+        if not passage.text.strip() and not passage.title.strip():
+            continue  # nothing to retrieve; an empty passage would only add noise
+        for piece in (split_passage(passage, split_words) if split_words else [passage]):
+            count += 1
+            yield piece
+    if count == 0:
+        raise UserError("the passages file holds no passages", path=path,
+                        fix="point --passages at a non-empty collection")
+
+
+# ---------------------------------------------------------------------------------- ragged arrays
+class _RaggedWriter:
+    def __init__(self, directory: Path, name: str, dtype):
+        self.dtype = np.dtype(dtype)
+        self.data = open(directory / f"{name}.bin", "wb")
+        self.offsets: List[int] = [0]
+
+    def append(self, values) -> None:
+        arr = np.asarray(values, dtype=self.dtype)
+        self.data.write(arr.tobytes())
+        self.offsets.append(self.offsets[-1] + arr.size)
+
+    def append_bytes(self, raw: bytes) -> None:
+        self.data.write(raw)
+        self.offsets.append(self.offsets[-1] + len(raw))
+
+    def close(self, directory: Path, name: str) -> None:
+        self.data.flush()
+        os.fsync(self.data.fileno())
+        self.data.close()
+        np.asarray(self.offsets, dtype=np.int64).tofile(directory / f"{name}.idx")
+
+
+class _RaggedReader:
+    def __init__(self, directory: Path, name: str, dtype):
+        self.offsets = np.fromfile(directory / f"{name}.idx", dtype=np.int64)
+        size = os.path.getsize(directory / f"{name}.bin")
+        dtype = np.dtype(dtype)
+        if size != int(self.offsets[-1]) * dtype.itemsize:
+            raise UserError(f"{name}.bin is {size} bytes, its index expects "
+                            f"{int(self.offsets[-1]) * dtype.itemsize}", path=str(directory),
+                            fix="the passage store is damaged: rebuild the knowledge source")
+        self.data = (np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r")
+                     if size else np.zeros(0, dtype=dtype))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        return self.data[self.offsets[row]:self.offsets[row + 1]]
+
+
+# ---------------------------------------------------------------------------------- the store
+class PassageStore:
+    """Random access by row to passage ids, titles, texts and generator token ids."""
+
+    def __init__(self, directory: str):
+        d = Path(directory)
+        meta_path = d / "meta.json"
+        if not meta_path.is_file():
+            raise UserError("no passage store here (meta.json missing)", path=str(d),
+                            fix="build it with scripts/build_knowledge_source.py")
+        try:
+            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError("passage store metadata is corrupted", path=str(meta_path),
+                            fix="rebuild the knowledge source") from None
+        if self.meta.get("format") != STORE_FORMAT:
+            raise UserError(f"unknown passage store format {self.meta.get('format')!r}",
+                            path=str(meta_path), fix="rebuild the knowledge source")
+        self.directory = d
+        try:
+            self._strings = {f: _RaggedReader(d, f, np.uint8) for f in STRING_FIELDS}
+            self._tokens = {f: _RaggedReader(d, f, np.int32) for f in TOKEN_FIELDS}
+        except FileNotFoundError as err:
+            raise UserError(f"passage store file missing: {Path(err.filename).name}", path=str(d),
+                            fix="rebuild the knowledge source") from None
+        n = int(self.meta["count"])
+        for reader in list(self._strings.values()) + list(self._tokens.values()):
+            if len(reader) != n:
+                raise UserError(f"passage store files disagree on the count ({len(reader)} vs {n})",
+                                path=str(d), fix="rebuild the knowledge source")
+        self._row_of_id: Optional[Dict[str, int]] = None
+
+    def __len__(self) -> int:
+        return int(self.meta["count"])
+
+    @property
+    def sha256(self) -> str:
+        return self.meta["sha256"]
+
+    @property
+    def tokenizer_identity(self) -> Optional[dict]:
+        return self.meta.get("tokenizer")
+
+    def _string(self, field: str, row: int) -> str:
+        return self._strings[field][row].tobytes().decode("utf-8")
+
+    def id(self, row: int) -> str:
+        return self._string("ids", row)
+
+    def title(self, row: int) -> str:
+        return self._string("titles", row)
+
+    def text(self, row: int) -> str:
+        return self._string("texts", row)
+
+    def passage(self, row: int) -> Passage:
+        return Passage(self.id(row), self.title(row), self.text(row))
+
+    def title_tokens(self, row: int) -> np.ndarray:
+        return self._tokens["title_tokens"][row]
+
+    def text_tokens(self, row: int) -> np.ndarray:
+        return self._tokens["text_tokens"][row]
+
+    def row_of_id(self, pid: str) -> int:
+        if self._row_of_id is None:
+            self._row_of_id = {self.id(i): i for i in range(len(self))}
+        try:
+            return self._row_of_id[pid]
+        except KeyError:
+            raise UserError(f"passage id {pid!r} is not in the store", path=str(self.directory)) from None
+
+    def iter_titles_texts(self, start: int = 0, end: Optional[int] = None):
+        end = len(self) if end is None else end
+        for row in range(start, end):
+            yield self.title(row), self.text(row)
+
+    # ------------------------------------------------------------------ writing
+    @staticmethod
+    def write(directory: str, passages: Iterable[Passage], tokenizer=None,
+              source: Optional[dict] = None, batch_size: int = 512,
+              progress: bool = True) -> "PassageStore":
+        """Write a store atomically: into ``<directory>.tmp``, then renamed onto ``directory``.
+
+        ``tokenizer`` (a :class:`~rag_plugin.retrieval.tokenization.GeneratorTokenizer`) pre-
+        tokenizes titles and texts; without it the token fields are empty (BM25/dense search
+        only, no generation).
+        """
+        final = Path(directory)
+        tmp = final.with_name(final.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        strings = {f: _RaggedWriter(tmp, f, np.uint8) for f in STRING_FIELDS}
+        tokens = {f: _RaggedWriter(tmp, f, np.int32) for f in TOKEN_FIELDS}
+        digest = hashlib.sha256()
+        count = 0
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(desc="passages", unit=" psg", mininterval=1.0)
+
+        def flush(batch: List[Passage]) -> None:
+            nonlocal count
+            if tokenizer is not None:
+                title_ids = tokenizer.encode_batch([p.title for p in batch])
+                text_ids = tokenizer.encode_batch([p.text for p in batch])
+            else:
+                title_ids = text_ids = [[] for _ in batch]
+            for p, t_ids, x_ids in zip(batch, title_ids, text_ids):
+                for field, value in (("ids", p.id), ("titles", p.title), ("texts", p.text)):
+                    raw = value.encode("utf-8")
+                    strings[field].append_bytes(raw)
+                    digest.update(len(raw).to_bytes(8, "little"))
+                    digest.update(raw)
+                tokens["title_tokens"].append(t_ids)
+                tokens["text_tokens"].append(x_ids)
+                digest.update(np.asarray(t_ids, dtype=np.int32).tobytes())
+                digest.update(np.asarray(x_ids, dtype=np.int32).tobytes())
+            count += len(batch)
+            if bar is not None:
+                bar.update(len(batch))
+
+        try:
+            batch: List[Passage] = []
+            for p in passages:
+                batch.append(p)
+                if len(batch) >= batch_size:
+                    flush(batch)
+                    batch = []
+            if batch:
+                flush(batch)
+        except BaseException:
+            for w in list(strings.values()) + list(tokens.values()):
+                w.data.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        for name, w in list(strings.items()) + list(tokens.items()):
+            w.close(tmp, name)
+        meta = {"format": STORE_FORMAT, "count": count, "sha256": digest.hexdigest(),
+                "tokenizer": tokenizer.identity() if tokenizer is not None else None,
+                "source": source or {}}
+        atomic_write_json(tmp / "meta.json", meta)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return PassageStore(str(final))
+
+
+def gather_tokens(store: PassageStore, rows: Sequence[int], field: str = "text_tokens") -> List[np.ndarray]:
+    getter = store.text_tokens if field == "text_tokens" else store.title_tokens
+    return [getter(int(r)) for r in rows]

@@ -1,0 +1,121 @@
+"""Retrievers with one interface: ``search(questions, k) -> Retrieval``.
+
+* :class:`DenseRetriever`: query encoder + FAISS MIPS index + passage store (the paper's
+  DPR retriever). It also hands back the stored document vectors of the hits, so a model can
+  recompute the scores q.d with a trainable query encoder.
+* :class:`BM25Retriever`: lexical BM25 (bm25s) over the same passage store (the paper's
+  BM25 ablation, Table 6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from rag_plugin.errors import UserError
+from rag_plugin.retrieval import index as faiss_index
+from rag_plugin.retrieval.knowledge import KnowledgeSource
+from rag_plugin.retrieval.passages import PassageStore
+
+
+@dataclass
+class Retrieval:
+    """Top-k results for a batch of B questions (rows and scores best first)."""
+
+    rows: np.ndarray      # int64 [B, k], passage-store rows
+    scores: np.ndarray    # float32 [B, k], retrieval scores (inner products or BM25)
+    store: PassageStore
+
+    def ids(self) -> List[List[str]]:
+        return [[self.store.id(int(r)) for r in row] for row in self.rows]
+
+    def titles(self) -> List[List[str]]:
+        return [[self.store.title(int(r)) for r in row] for row in self.rows]
+
+    def texts(self) -> List[List[str]]:
+        return [[self.store.text(int(r)) for r in row] for row in self.rows]
+
+    def passage_tokens(self):
+        """Generator token ids per hit: list (B) of lists (k) of (title_ids, text_ids)."""
+        return [[(self.store.title_tokens(int(r)), self.store.text_tokens(int(r))) for r in row]
+                for row in self.rows]
+
+
+def _check_k(k: int, n: int) -> None:
+    if k < 1:
+        raise UserError(f"k must be at least 1, got {k}")
+    if k > n:
+        raise UserError(f"k={k} is larger than the collection ({n} passages)",
+                        fix=f"ask for at most {n}")
+
+
+class DenseRetriever:
+    """MIPS over a knowledge source with a (query) encoder."""
+
+    def __init__(self, knowledge: KnowledgeSource, encoder=None):
+        self.knowledge = knowledge
+        self.encoder = encoder if encoder is not None else knowledge.load_encoder()
+        if int(self.encoder.dim) != knowledge.dim:
+            raise UserError(f"encoder dimension {self.encoder.dim} does not match the index's "
+                            f"{knowledge.dim}", path=str(knowledge.directory),
+                            fix="use the encoder the knowledge source was built with")
+
+    @classmethod
+    def from_dir(cls, directory: str, nprobe: Optional[int] = None,
+                 ef_search: Optional[int] = None) -> "DenseRetriever":
+        ks = KnowledgeSource(directory)
+        if nprobe is not None or ef_search is not None:
+            ks.set_search_params(nprobe=nprobe, ef_search=ef_search)
+        return cls(ks)
+
+    @property
+    def store(self) -> PassageStore:
+        return self.knowledge.passages
+
+    def search_vectors(self, queries: np.ndarray, k: int) -> Retrieval:
+        """Search with precomputed query vectors [B, D]."""
+        _check_k(k, len(self.knowledge))
+        scores, rows = faiss_index.search(self.knowledge.index, queries, k)
+        return Retrieval(rows=rows.astype(np.int64), scores=scores, store=self.store)
+
+    def search(self, questions: Sequence[str], k: int, batch_size: int = 64) -> Retrieval:
+        questions = list(questions)
+        _check_k(k, len(self.knowledge))
+        q = self.encoder.encode_queries(questions, batch_size=batch_size)
+        return self.search_vectors(np.asarray(q, dtype=np.float32), k)
+
+    def doc_vectors(self, rows: np.ndarray) -> np.ndarray:
+        """Stored document vectors d(z) of the hits: float32 [B, k, D] (frozen)."""
+        flat = np.asarray(rows, dtype=np.int64).reshape(-1)
+        order = np.argsort(flat, kind="stable")  # sorted reads are kinder to a memory map
+        out = np.empty((flat.size, self.knowledge.dim), dtype=np.float32)
+        out[order] = self.knowledge.vectors[flat[order]]
+        return out.reshape(*np.shape(rows), self.knowledge.dim)
+
+
+class BM25Retriever:
+    """BM25 (Lucene variant, k1=1.5, b=0.75) over titles and texts of a passage store."""
+
+    def __init__(self, store: PassageStore, k1: float = 1.5, b: float = 0.75,
+                 progress: bool = False):
+        import bm25s
+
+        self.store = store
+        corpus = [f"{t} {x}" for t, x in store.iter_titles_texts()]
+        tokens = bm25s.tokenize(corpus, stopwords="en", show_progress=progress)
+        self._bm25 = bm25s.BM25(k1=k1, b=b)
+        self._bm25.index(tokens, show_progress=progress)
+
+    @classmethod
+    def from_dir(cls, directory: str) -> "BM25Retriever":
+        return cls(KnowledgeSource(directory).passages)
+
+    def search(self, questions: Sequence[str], k: int, batch_size: int = 0) -> Retrieval:
+        import bm25s
+
+        _check_k(k, len(self.store))
+        tokens = bm25s.tokenize(list(questions), stopwords="en", show_progress=False)
+        rows, scores = self._bm25.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        return Retrieval(rows=np.asarray(rows, dtype=np.int64),
+                         scores=np.asarray(scores, dtype=np.float32), store=self.store)

@@ -1,0 +1,144 @@
+"""The generator's tokenizer, used once to pre-tokenize passages (and questions/targets).
+
+Token ids are indices into a fairseq ``dict.txt`` dictionary, so the stored ids feed the
+generator's embedding table directly. Two subword models are supported:
+
+* SentencePiece (``--bpe-model spm.model``; the dictionary lists its pieces), the choice for
+  generators trained here;
+* GPT-2 byte-level BPE (``encoder.json`` + ``vocab.bpe``), the one fairseq's BART uses, whose
+  ``dict.txt`` lists GPT-2 ids as symbols.
+
+The fairseq Dictionary layout is reproduced here (``<s>``=0, ``<pad>``=1, ``</s>``=2,
+``<unk>``=3, then one symbol per line of ``dict.txt``) so no fairseq import is needed.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from rag_plugin.errors import UserError
+from rag_plugin.io_utils import sha256_file
+
+SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
+BOS, PAD, EOS, UNK = 0, 1, 2, 3
+
+
+def read_dictionary(path: str) -> List[str]:
+    """Symbols of a fairseq ``dict.txt`` in index order (specials first)."""
+    symbols = list(SPECIAL_SYMBOLS)
+    seen = set(symbols)
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("dictionary file not found", path=path,
+                        fix="pass the generator's dict.txt")
+    with open(p, encoding="utf-8", errors="strict") as fh:
+        try:
+            lines = fh.read().splitlines()
+        except UnicodeDecodeError as err:
+            raise UserError(f"dictionary is not UTF-8 ({err.reason})", path=path,
+                            fix="use the dict.txt written by fairseq-preprocess") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        overwrite = line.endswith(" #fairseq:overwrite")
+        if overwrite:
+            line = line[: -len(" #fairseq:overwrite")]
+        parts = line.rsplit(" ", 1)
+        if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+            raise UserError("expected '<symbol> <count>'", path=path, line=lineno,
+                            fix="use the dict.txt written by fairseq-preprocess")
+        symbol = parts[0]
+        if symbol in seen and not overwrite:
+            raise UserError(f"duplicate symbol {symbol!r}", path=path, line=lineno,
+                            fix="remove the duplicate line or mark it '#fairseq:overwrite'")
+        seen.add(symbol)
+        symbols.append(symbol)
+    return symbols
+
+
+class GeneratorTokenizer:
+    """Text -> generator dictionary ids (no BOS/EOS added)."""
+
+    def __init__(self, kind: str, dict_path: str, model_path: Optional[str] = None,
+                 gpt2_encoder_json: Optional[str] = None, gpt2_vocab_bpe: Optional[str] = None):
+        self.kind = kind
+        self.dict_path = str(dict_path)
+        self.symbols = read_dictionary(dict_path)
+        self.index: Dict[str, int] = {s: i for i, s in enumerate(self.symbols)}
+        self.files = {"dict": self.dict_path}
+        if kind == "sentencepiece":
+            import sentencepiece as spm
+
+            if not model_path or not Path(model_path).is_file():
+                raise UserError("SentencePiece model not found", path=model_path,
+                                fix="pass --bpe-model FILE.model")
+            self._spm = spm.SentencePieceProcessor(model_file=str(model_path))
+            self.files["model"] = str(model_path)
+        elif kind == "gpt2":
+            from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+            for p in (gpt2_encoder_json, gpt2_vocab_bpe):
+                if not p or not Path(p).is_file():
+                    raise UserError("GPT-2 BPE file not found", path=p,
+                                    fix="pass --gpt2-encoder-json and --gpt2-vocab-bpe")
+            bpe = models.BPE.from_file(str(gpt2_encoder_json), str(gpt2_vocab_bpe))
+            tok = Tokenizer(bpe)
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            self._gpt2 = tok
+            self.files["encoder_json"] = str(gpt2_encoder_json)
+            self.files["vocab_bpe"] = str(gpt2_vocab_bpe)
+        else:
+            raise UserError(f"unknown tokenizer kind {kind!r}", fix="use sentencepiece or gpt2")
+
+    # ------------------------------------------------------------------ encoding
+    def pieces(self, text: str) -> List[str]:
+        if self.kind == "sentencepiece":
+            return self._spm.encode(text, out_type=str)
+        return [str(i) for i in self._gpt2.encode(text, add_special_tokens=False).ids]
+
+    def encode(self, text: str) -> List[int]:
+        return [self.index.get(p, UNK) for p in self.pieces(text)]
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        if self.kind == "sentencepiece":
+            all_pieces = self._spm.encode(list(texts), out_type=str)
+        else:
+            all_pieces = [[str(i) for i in e.ids]
+                          for e in self._gpt2.encode_batch(list(texts), add_special_tokens=False)]
+        get = self.index.get
+        return [[get(p, UNK) for p in ps] for ps in all_pieces]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        syms = [self.symbols[i] for i in ids if i >= len(SPECIAL_SYMBOLS)]
+        if self.kind == "sentencepiece":
+            return self._spm.decode_pieces(syms)
+        return self._gpt2.decode([int(s) for s in syms if s.isdigit()])
+
+    # ------------------------------------------------------------------ identity
+    def dictionary_sha256(self) -> str:
+        return hashlib.sha256("\n".join(self.symbols).encode("utf-8")).hexdigest()
+
+    def identity(self) -> dict:
+        out = {"kind": self.kind, "vocab_size": len(self.symbols),
+               "dictionary_sha256": self.dictionary_sha256()}
+        for name, path in self.files.items():
+            if name != "dict":
+                out[f"{name}_sha256"] = sha256_file(path)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+
+def load_generator_tokenizer(dict_path: str, bpe_model: Optional[str] = None,
+                             gpt2_encoder_json: Optional[str] = None,
+                             gpt2_vocab_bpe: Optional[str] = None) -> GeneratorTokenizer:
+    if bpe_model:
+        return GeneratorTokenizer("sentencepiece", dict_path, model_path=bpe_model)
+    if gpt2_encoder_json or gpt2_vocab_bpe:
+        return GeneratorTokenizer("gpt2", dict_path, gpt2_encoder_json=gpt2_encoder_json,
+                                  gpt2_vocab_bpe=gpt2_vocab_bpe)
+    raise UserError("no generator subword model given",
+                    fix="pass --bpe-model FILE (SentencePiece) or --gpt2-encoder-json/--gpt2-vocab-bpe")
