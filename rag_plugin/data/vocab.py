@@ -17,12 +17,25 @@ from pathlib import Path
 from typing import Iterable, List, Union
 
 from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_text
+from rag_plugin.io_utils import atomic_path
 
 PathLike = Union[str, os.PathLike]
 
 #: Symbols fairseq's Dictionary adds itself (bos, pad, eos, unk).
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+
+
+def make_readable(path: PathLike) -> None:
+    """Give a (temporary) file the permissions a plain ``open(..., "w")`` would (0666 & ~umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _write_atomic(path: PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+        make_readable(tmp)
 
 
 def _spm():
@@ -75,7 +88,7 @@ def write_fairseq_dict_from_spm(spm_model_path: PathLike, dict_path: PathLike) -
     """
     sp = load_spm(spm_model_path)
     symbols = fairseq_dict_symbols(sp)
-    atomic_write_text(dict_path, "".join(f"{s} 1\n" for s in symbols))
+    _write_atomic(dict_path, "".join(f"{s} 1\n" for s in symbols).encode("utf-8"))
     return len(symbols)
 
 
@@ -105,13 +118,12 @@ def train_spm(sentences: Iterable[str], model_path: PathLike, vocab_path: PathLi
         minloglevel=2,
     )
     model = buf.getvalue()
-    with atomic_path(model_path) as tmp:
-        tmp.write_bytes(model)
+    _write_atomic(model_path, model)
     sp = spm.SentencePieceProcessor()
     sp.LoadFromSerializedProto(model)
     # same layout as spm_train's .vocab: piece, TAB, score (scores printed like C++'s default)
-    atomic_write_text(vocab_path, "".join(
-        f"{sp.IdToPiece(i)}\t{_fmt_score(sp.GetScore(i))}\n" for i in range(sp.GetPieceSize())))
+    _write_atomic(vocab_path, "".join(
+        f"{sp.IdToPiece(i)}\t{_fmt_score(sp.GetScore(i))}\n" for i in range(sp.GetPieceSize())).encode("utf-8"))
 
 
 def _fmt_score(score: float) -> str:

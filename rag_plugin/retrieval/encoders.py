@@ -43,16 +43,14 @@ Queries are always single sequences. All token type ids are 0.
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
-import math
 import os
 import pickle
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -107,8 +105,18 @@ class BertConfig:
                             fix=f"use one of {', '.join(sorted(_ACTIVATIONS))}")
 
     @classmethod
-    def from_hf(cls, cfg: Mapping) -> "BertConfig":
+    def from_hf(cls, cfg: Mapping, source: Optional[os.PathLike] = None) -> "BertConfig":
         """Build from a Hugging Face ``config.json`` dict (BERT or DPR)."""
+        try:
+            return cls._from_hf(cfg)
+        except KeyError as err:
+            raise UserError(f"config lacks the field {err.args[0]!r}", path=source,
+                            fix="use the config.json written with the weights")
+        except (TypeError, ValueError) as err:
+            raise UserError(f"bad config: {err}", path=source)
+
+    @classmethod
+    def _from_hf(cls, cfg: Mapping) -> "BertConfig":
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=int(cfg["hidden_size"]),
@@ -567,12 +575,17 @@ class TextEncoder:
     def identity(self) -> Dict:
         """JSON-able description of this encoder, for knowledge-source manifests.
 
-        ``weights_sha256`` hashes the passage tower (what an index depends on);
-        ``query_weights_sha256`` the query tower (equal when the towers are shared; it
-        changes when the query tower is fine-tuned, which keeps an index valid).
+        Hashes (:func:`state_dict_sha256`): ``passage_weights_sha256`` covers the passage
+        tower, which is what an index depends on; ``query_weights_sha256`` the query tower
+        (equal when shared; it changes when the query tower is fine-tuned, which leaves an
+        index valid); ``weights_sha256`` is the sha256 of the two, naming the whole encoder.
         """
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         vocab_text = "\n".join(tok for tok, _ in sorted(vocab.items(), key=lambda kv: kv[1]))
+        passage_sha = state_dict_sha256(self.passage_tower.state_dict())
+        query_sha = (passage_sha if self.shared_towers
+                     else state_dict_sha256(self.query_tower.state_dict()))
+        both = hashlib.sha256(f"query:{query_sha}\npassage:{passage_sha}\n".encode()).hexdigest()
         return {
             "kind": self.kind,
             "name": self.name,
@@ -586,8 +599,9 @@ class TextEncoder:
             "lowercase": _tokenizer_lowercases(self.tokenizer),
             "shared_towers": self.shared_towers,
             "vocab_sha256": hashlib.sha256(vocab_text.encode("utf-8")).hexdigest(),
-            "weights_sha256": state_dict_sha256(self.passage_tower.state_dict()),
-            "query_weights_sha256": state_dict_sha256(self.query_tower.state_dict()),
+            "weights_sha256": both,
+            "passage_weights_sha256": passage_sha,
+            "query_weights_sha256": query_sha,
         }
 
 
@@ -708,14 +722,23 @@ def _safe_torch_load(path: Path):
         with torch.serialization.safe_globals(_safe_globals()):
             return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unpickling failed"
-        raise UserError(f"refused to load: the file holds objects other than tensors and "
-                        f"plain settings ({first})", path=path,
+        detail = _unpickling_detail(err)
+        if "GLOBAL" not in detail:
+            raise UserError(f"cannot read torch checkpoint ({detail})", path=path)
+        raise UserError(f"refused to load: the file references code or types other than tensors "
+                        f"and plain settings ({detail})", path=path,
                         fix="only load checkpoints from sources you trust; re-save the weights "
                             "as a plain state dict")
     except (RuntimeError, EOFError, ValueError, OSError) as err:
-        raise UserError(f"cannot read torch checkpoint: {str(err).splitlines()[0] if str(err) else err!r}",
-                        path=path)
+        raise UserError(f"cannot read torch checkpoint ({_unpickling_detail(err)})", path=path)
+
+
+def _unpickling_detail(err: Exception) -> str:
+    """The informative line of torch's multi-line load error."""
+    boilerplate = ("Weights only load failed", "Check the documentation", "Please file an issue")
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(boilerplate)]
+    return (useful or lines or [type(err).__name__])[0]
 
 
 # ------------------------------------------------------------------ spec parsing
@@ -726,10 +749,13 @@ def _parse_spec(spec: str) -> Tuple[str, str, Dict[str, str]]:
     and every ``k=v`` is an option."""
     if not isinstance(spec, str) or not spec.strip():
         raise UserError(f"empty encoder spec {spec!r}", fix=_SPEC_HELP)
-    kind, _, rest = spec.strip().partition(":")
-    parts = [p for p in rest.split(",") if p] if rest else []
+    match = re.match(r"([A-Za-z][\w-]*)(?:([:,])(.*))?$", spec.strip(), re.S)
+    if match is None:
+        raise UserError(f"unknown encoder spec {spec!r}", fix=_SPEC_HELP)
+    kind, sep, rest = match.group(1), match.group(2), match.group(3) or ""
+    parts = [p for p in rest.split(",") if p]
     arg = ""
-    if parts and "=" not in parts[0]:
+    if sep == ":" and parts and "=" not in parts[0]:
         arg = parts.pop(0)
     options = {}
     for part in parts:
@@ -792,7 +818,7 @@ def _load_minilm(arg: str, options: Dict[str, str], spec: str) -> TextEncoder:
     directory = Path(arg) if arg else _minilm_dir()
     if not directory.is_dir():
         raise UserError("MiniLM model folder not found", path=directory)
-    cfg = BertConfig.from_hf(_read_json(directory / "config.json"))
+    cfg = BertConfig.from_hf(_read_json(directory / "config.json"), directory / "config.json")
     state, weights_path = _load_weights(directory)
     tower = _new_tower(cfg, pooling="mean", normalize=True)
     _load_tower_state(tower, _as_tower_keys(state), weights_path, "MiniLM")
@@ -812,7 +838,7 @@ def _as_tower_keys(bert_state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Te
 _HF_DPR_PREFIXES = {"question_encoder.": "question", "ctx_encoder.": "ctx"}
 
 
-def _load_hf_dpr_folder(directory: Path, max_length: int) -> Tuple[str, BiEncoderTower, object]:
+def _load_hf_dpr_folder(directory: Path) -> Tuple[str, BiEncoderTower, object]:
     """One ``save_pretrained`` DPR folder -> (role "question"/"ctx", tower, tokenizer)."""
     config = _read_json(directory / "config.json")
     state, weights_path = _load_weights(directory)
@@ -824,7 +850,7 @@ def _load_hf_dpr_folder(directory: Path, max_length: int) -> Tuple[str, BiEncode
                         fix="save the model with DPRQuestionEncoder/DPRContextEncoder.save_pretrained")
     role = roles.pop()
     prefix = next(p for p, r in _HF_DPR_PREFIXES.items() if r == role)
-    cfg = BertConfig.from_hf(config)
+    cfg = BertConfig.from_hf(config, directory / "config.json")
     tower = _new_tower(cfg, pooling="cls", normalize=False,
                        projection_dim=int(config.get("projection_dim") or 0))
     _load_tower_state(tower, _sub_state(state, prefix), weights_path, f"DPR {role} encoder")
@@ -844,7 +870,7 @@ def _load_hf_dpr(arg: str, options: Dict[str, str], spec: str) -> TextEncoder:
     folders = [root / sub for sub in ("question_encoder", "ctx_encoder") if (root / sub).is_dir()]
     towers, tokenizer = {}, None
     for folder in folders or [root]:
-        role, tower, tok = _load_hf_dpr_folder(folder, max_length)
+        role, tower, tok = _load_hf_dpr_folder(folder)
         if role in towers:
             raise UserError(f"two DPR {role} encoders", path=folder,
                             fix="put the question encoder in question_encoder/ and the context "
@@ -859,19 +885,26 @@ def _load_hf_dpr(arg: str, options: Dict[str, str], spec: str) -> TextEncoder:
 
 def _dpr_params(raw) -> Dict:
     """``encoder_params`` (dict, argparse.Namespace or omegaconf) -> flat dict."""
-    if raw is None:
-        return {}
-    if isinstance(raw, argparse.Namespace):
-        raw = vars(raw)
+    raw = _plain(raw)
     if not isinstance(raw, dict):
-        try:
-            from omegaconf import OmegaConf
-            raw = OmegaConf.to_container(raw, resolve=True)
-        except Exception:
-            return {}
+        return {}
     if isinstance(raw.get("encoder"), dict):  # Hydra-era DPR: {"encoder": cfg.encoder}
         raw = {**raw, **raw["encoder"]}
-    return dict(raw)
+    return raw
+
+
+def _plain(value):
+    """Namespace / omegaconf containers -> plain dicts and lists (recursively)."""
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _load_dpr_checkpoint(arg: str, options: Dict[str, str], spec: str) -> TextEncoder:

@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json
+from rag_plugin.io_utils import atomic_path, atomic_write_json, sha256_file
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.passages import PassageStore, read_passages
 
@@ -53,10 +53,8 @@ class BuildSettings:
     def fingerprint(self) -> dict:
         out = asdict(self)
         p = Path(self.passages)
-        st = p.stat()
         out["passages"] = str(p.resolve())
-        out["passages_size"] = st.st_size
-        out["passages_mtime_ns"] = st.st_mtime_ns
+        out["passages_sha256"] = sha256_file(p)  # content, not mtime: a copied file still matches
         for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe"):
             if out[key]:
                 out[key] = str(Path(out[key]).resolve())
@@ -138,6 +136,23 @@ class KnowledgeSource:
 
     def set_search_params(self, nprobe: Optional[int] = None, ef_search: Optional[int] = None):
         faiss_index.set_search_params(self.index, nprobe=nprobe, ef_search=ef_search)
+
+    def load_generator_tokenizer(self):
+        """The generator tokenizer the passages were pre-tokenized with (copied into ``tokenizer/``)."""
+        from rag_plugin.retrieval.tokenization import load_generator_tokenizer
+
+        info = self.manifest.get("tokenizer")
+        if not info:
+            raise UserError("this knowledge source was built without a generator tokenizer", path=str(self.directory),
+                            fix="rebuild it with --dict and --bpe-model (or the GPT-2 BPE files)")
+        d = self.directory / "tokenizer"
+        files = {k: str(d / v) for k, v in info["files"].items()}
+        tok = load_generator_tokenizer(files["dict"], files.get("bpe_model"), files.get("gpt2_encoder_json"),
+                                       files.get("gpt2_vocab_bpe"))
+        if tok.dictionary_sha256() != self.passages.tokenizer_identity.get("dictionary_sha256"):
+            raise UserError("tokenizer files do not match the pre-tokenized passages", path=str(d),
+                            fix="rebuild the knowledge source")
+        return tok
 
     def load_encoder(self):
         """The bi-encoder the documents were embedded with (its query tower initialises q)."""
@@ -272,7 +287,20 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                                     seed=settings.seed, progress=progress)
     faiss_index.write_index(index, str(out / "index.faiss"))
 
-    # 5. the manifest, last
+    # 5. the generator tokenizer travels with the passages it tokenized
+    tok_files = {}
+    if tokenizer is not None:
+        tok_dir = out / "tokenizer"
+        tok_dir.mkdir(exist_ok=True)
+        for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe"):
+            src = getattr(settings, key)
+            if src:
+                name = {"dict": "dict.txt"}.get(key, Path(src).name)
+                with atomic_path(tok_dir / name) as tmp:
+                    shutil.copyfile(src, tmp)
+                tok_files[key] = name
+
+    # 6. the manifest, last
     identity = encoder.identity()
     manifest = {
         "format": FORMAT,
@@ -286,6 +314,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         "encoder": identity,
         "pooling": identity.get("pooling"),
         "passage_store": {"sha256": store.sha256, "count": n, "tokenizer": store.tokenizer_identity},
+        "tokenizer": {"files": tok_files, **(store.tokenizer_identity or {})} if tok_files else None,
         "build_settings": fingerprint,
         "embedding_seconds": round(embed_seconds, 2),
     }

@@ -92,7 +92,7 @@ def test_minilm_settings_and_identity(minilm):
     ident = minilm.identity()
     json.dumps(ident)
     assert ident["kind"] == "minilm" and ident["dim"] == 384 and ident["lowercase"] is True
-    assert ident["weights_sha256"] == ident["query_weights_sha256"]
+    assert ident["passage_weights_sha256"] == ident["query_weights_sha256"]
     assert minilm.identity() == ident  # deterministic
 
 
@@ -214,7 +214,7 @@ def test_hf_dpr_round_trip(vocab_file, tmp_path):
     assert not loaded.shared_towers and loaded.passage_format == "pair" and loaded.dim == 16
     _assert_same_outputs(original, loaded, atol=0)
     a, b = original.identity(), loaded.identity()
-    for key in ("weights_sha256", "query_weights_sha256", "vocab_sha256", "dim", "pooling",
+    for key in ("weights_sha256", "passage_weights_sha256", "query_weights_sha256", "vocab_sha256", "dim", "pooling",
                 "normalize", "lowercase", "max_length"):
         assert a[key] == b[key], key
     assert b["kind"] == "hf-dpr"
@@ -416,7 +416,7 @@ def transformers():
 
 
 def _hf_dpr_models(transformers, projection_dim):
-    cfg = transformers.DPRConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+    cfg = transformers.DPRConfig(vocab_size=160, hidden_size=32, num_hidden_layers=2,
                                  num_attention_heads=4, intermediate_size=48,
                                  max_position_embeddings=128, projection_dim=projection_dim)
     torch.manual_seed(0)
@@ -435,7 +435,7 @@ def test_matches_transformers_dpr(transformers, vocab_file, tmp_path, projection
     q_model, c_model = _hf_dpr_models(transformers, projection_dim)
     for model, sub in ((q_model, "question_encoder"), (c_model, "ctx_encoder")):
         model.save_pretrained(tmp_path / sub)
-        _vocab_of_size(vocab_file, 100, tmp_path / sub / "vocab.txt")
+        _vocab_of_size(vocab_file, 160, tmp_path / sub / "vocab.txt")
     ours = load_encoder(f"hf-dpr:{tmp_path},max_length=64")
 
     hf_tok = transformers.BertTokenizer(str(tmp_path / "ctx_encoder" / "vocab.txt"))

@@ -1,0 +1,92 @@
+"""Criterion ``marginal_nll``: the paper's training objective, -log p(y|x) marginalised over
+the top-K retrieved documents (RAG-Sequence or RAG-Token, as the model says).
+
+Reports fairseq's usual ``loss``/``nll_loss`` (base 2, per target token) and, as retrieval
+health, the entropy of p(z|x), the mean top-1 document probability and, where the data
+names gold passages, the mean p(gold passage | x) over the retrieved documents.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import FairseqDataclass
+
+from rag_plugin import marginalization as M
+
+
+@dataclass
+class MarginalNLLConfig(FairseqDataclass):
+    label_smoothing: float = field(default=0.0, metadata={"help": "epsilon for label smoothing (0 = none)"})
+
+
+def doc_log_prior_of(net_output) -> torch.Tensor:
+    """log p(z|x) [B, K] from a RAG model's output (zeros [B, 1] for closed book)."""
+    return M.doc_log_prior(net_output[1]["doc_scores"].float())
+
+
+def gold_doc_prob(doc_lp: torch.Tensor, doc_rows, gold_rows) -> torch.Tensor:
+    """Sum of p(z|x) over retrieved documents that are gold passages: [B] (0 if none retrieved)."""
+    if doc_rows is None or gold_rows is None:
+        return doc_lp.new_zeros(doc_lp.size(0))
+    hit = (doc_rows.to(gold_rows.device).unsqueeze(-1) == gold_rows.unsqueeze(1)).any(-1)   # [B, K]
+    return (doc_lp.exp() * hit.to(doc_lp)).sum(-1)
+
+
+@register_criterion("marginal_nll", dataclass=MarginalNLLConfig)
+class MarginalNLLCriterion(FairseqCriterion):
+    def __init__(self, task, label_smoothing: float = 0.0):
+        super().__init__(task)
+        self.eps = label_smoothing
+
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, nll, doc_lp = self.compute_loss(model, net_output, sample)
+        ntokens = sample["ntokens"]
+        stats = {
+            "loss": loss.sum().data if reduce else loss.data,
+            "nll_loss": nll.sum().data,
+            "ntokens": ntokens,
+            "nsentences": sample["target"].size(0),
+            "sample_size": ntokens,
+            "doc_entropy": M.doc_posterior_entropy(doc_lp).sum().data,
+            "top1_doc_prob": M.top1_doc_prob(doc_lp).sum().data,
+        }
+        gold = sample.get("gold_rows")
+        if gold is not None and net_output[1].get("doc_rows") is not None:
+            stats["gold_doc_prob"] = gold_doc_prob(doc_lp, net_output[1]["doc_rows"], gold).sum().data
+            stats["n_with_gold"] = int(gold.ge(0).any(-1).sum())
+        return (loss.sum() if reduce else loss), ntokens, stats
+
+    def compute_loss(self, model, net_output, sample):
+        """Per-example (loss [B], nll [B], doc_lp [B, K])."""
+        doc_lp = doc_log_prior_of(net_output)
+        b, k = doc_lp.shape
+        logits = net_output[0]
+        lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, logits.size(1), logits.size(2))
+        target = sample["target"]
+        mask = target.ne(self.padding_idx)
+        fn = M.rag_sequence_loss if model.variant == "sequence" else M.rag_token_loss
+        loss, nll = fn(lprobs, doc_lp, target, mask, epsilon=self.eps)
+        return loss, nll, doc_lp
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(float(log.get(key, 0)) for log in logging_outputs)
+
+        ntokens, nsent = total("ntokens"), total("nsentences")
+        metrics.log_scalar("loss", total("loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
+        metrics.log_scalar("nll_loss", total("nll_loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
+        metrics.log_derived("ppl", lambda meters: 2 ** meters["nll_loss"].avg)
+        metrics.log_scalar("doc_entropy", total("doc_entropy") / max(nsent, 1), nsent, round=3)
+        metrics.log_scalar("top1_doc_prob", total("top1_doc_prob") / max(nsent, 1), nsent, round=3)
+        n_gold = total("n_with_gold")
+        if n_gold > 0:
+            metrics.log_scalar("gold_doc_prob", total("gold_doc_prob") / n_gold, n_gold, round=4)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,79 @@
+"""KILT-style JSONL question/target records (no fairseq import).
+
+One JSON object per line: ``{"id", "input", "output": [{"answer": ..., "provenance": [...]}, ...]}``.
+Every answer of ``output`` is a gold alias; provenance lists gold passages.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List
+
+from rag_plugin.errors import UserError
+
+FIX = 'each line must be {"id": ..., "input": "question", "output": [{"answer": "..."}]}'
+
+
+@dataclass
+class QARecord:
+    id: str
+    input: str
+    answers: List[str]
+    provenance: List[str] = field(default_factory=list)  # gold passage ids
+    meta: dict = field(default_factory=dict)
+
+
+def read_kilt(path: str, require_answers: bool = True) -> List[QARecord]:
+    """Read and check a KILT-style JSONL file; errors name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("data file not found", path=str(p),
+                        fix="DATA must hold train.jsonl/valid.jsonl (and test.jsonl) in KILT style")
+    records: List[QARecord] = []
+    seen = set()
+    with open(p, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise UserError("not valid UTF-8", path=str(p), line=lineno, fix="re-encode the file as UTF-8") from None
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"invalid JSON ({err.msg})", path=str(p), line=lineno, fix=FIX) from None
+            if not isinstance(obj, dict) or "input" not in obj:
+                raise UserError("missing field 'input'", path=str(p), line=lineno, fix=FIX)
+            question = obj["input"]
+            if not isinstance(question, str) or not question.strip():
+                raise UserError("empty question ('input')", path=str(p), line=lineno, fix="give every record a question")
+            rid = str(obj.get("id", lineno))
+            if rid in seen:
+                raise UserError(f"duplicate id {rid!r}", path=str(p), line=lineno, fix="make ids unique")
+            seen.add(rid)
+            outputs = obj.get("output")
+            if outputs is None and require_answers:
+                raise UserError("missing field 'output'", path=str(p), line=lineno, fix=FIX)
+            answers, provenance = [], []
+            for out in outputs or []:
+                if not isinstance(out, dict):
+                    raise UserError("'output' must be a list of objects", path=str(p), line=lineno, fix=FIX)
+                ans = out.get("answer")
+                if isinstance(ans, str):
+                    if not ans.strip():
+                        raise UserError("empty target ('answer')", path=str(p), line=lineno,
+                                        fix="remove the record or give it an answer")
+                    answers.append(ans)
+                for prov in out.get("provenance") or []:
+                    if isinstance(prov, dict):
+                        pid = prov.get("id", prov.get("wikipedia_id"))
+                        if pid is not None:
+                            provenance.append(str(pid))
+            if require_answers and not answers:
+                raise UserError("no answer in 'output'", path=str(p), line=lineno, fix=FIX)
+            records.append(QARecord(rid, question, answers, provenance, obj.get("meta") or {}))
+    if not records:
+        raise UserError("data file holds no records", path=str(p), fix="check the file")
+    return records

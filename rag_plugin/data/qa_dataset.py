@@ -1,0 +1,86 @@
+"""The fairseq dataset of question/target pairs, pre-tokenized once at load time.
+
+Each item holds: the question in the query encoder's tokens (for retrieval), the question
+in the generator's tokens (the start of every generator input) and the target in the
+generator's tokens followed by ``</s>``. Batches are padded to their longest member.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+from fairseq.data import FairseqDataset
+
+
+class RetrievalQADataset(FairseqDataset):
+    def __init__(self, query_tokens: Optional[Sequence[Sequence[int]]], question_tokens: Sequence[Sequence[int]],
+                 targets: Optional[Sequence[Sequence[int]]], pad: int, eos: int, query_pad: int = 0,
+                 fixed_rows: Optional[np.ndarray] = None, fixed_scores: Optional[np.ndarray] = None,
+                 record_ids: Optional[List[str]] = None):
+        self.query_tokens = [np.asarray(q, dtype=np.int64) for q in query_tokens] if query_tokens is not None else None
+        self.question_tokens = [np.asarray(q, dtype=np.int64) for q in question_tokens]
+        self.targets = [np.asarray(list(t) + [eos], dtype=np.int64) for t in targets] if targets is not None else None
+        self.pad, self.eos, self.query_pad = pad, eos, query_pad
+        self.fixed_rows, self.fixed_scores = fixed_rows, fixed_scores
+        self.record_ids = record_ids
+        tgt = np.array([len(t) for t in self.targets]) if self.targets is not None else np.zeros(len(self.question_tokens), dtype=np.int64)
+        self.sizes = np.array([len(q) for q in self.question_tokens], dtype=np.int64) + tgt
+        self.tgt_sizes = tgt
+
+    def __len__(self) -> int:
+        return len(self.question_tokens)
+
+    def __getitem__(self, index: int) -> dict:
+        item = {"id": index, "question": self.question_tokens[index]}
+        if self.query_tokens is not None:
+            item["query"] = self.query_tokens[index]
+        if self.targets is not None:
+            item["target"] = self.targets[index]
+        return item
+
+    def num_tokens(self, index: int) -> int:
+        return int(self.sizes[index])
+
+    def size(self, index: int) -> int:
+        return int(self.sizes[index])
+
+    def ordered_indices(self) -> np.ndarray:
+        return np.lexsort((np.arange(len(self)), self.sizes))
+
+    @staticmethod
+    def _pad(seqs: List[np.ndarray], pad: int) -> torch.Tensor:
+        width = max(1, max(len(s) for s in seqs))
+        out = torch.full((len(seqs), width), pad, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            out[i, : len(s)] = torch.from_numpy(s)
+        return out
+
+    def collater(self, samples: List[dict]) -> dict:
+        if not samples:
+            return {}
+        ids = torch.tensor([s["id"] for s in samples], dtype=torch.long)
+        net_input = {"question_tokens": self._pad([s["question"] for s in samples], self.pad)}
+        if self.query_tokens is not None:
+            query = self._pad([s["query"] for s in samples], self.query_pad)
+            mask = torch.zeros_like(query, dtype=torch.bool)
+            for i, s in enumerate(samples):
+                mask[i, : len(s["query"])] = True
+            net_input["query_tokens"], net_input["query_mask"] = query, mask
+        if self.fixed_rows is not None:
+            idx = ids.numpy()
+            net_input["fixed_doc_rows"] = torch.from_numpy(self.fixed_rows[idx])
+            net_input["fixed_doc_scores"] = torch.from_numpy(self.fixed_scores[idx])
+        batch = {"id": ids, "nsentences": len(samples), "net_input": net_input}
+        if self.targets is not None:
+            target = self._pad([s["target"] for s in samples], self.pad)
+            prev = torch.full_like(target, self.pad)
+            prev[:, 0] = self.eos
+            for i, s in enumerate(samples):  # </s> y1 ... yn  (fairseq's shift)
+                prev[i, 1: len(s["target"])] = torch.from_numpy(s["target"][:-1])
+            net_input["prev_output_tokens"] = prev
+            batch["target"] = target
+            batch["ntokens"] = int(sum(len(s["target"]) for s in samples))
+        else:
+            batch["ntokens"] = 0
+        return batch

@@ -1,0 +1,229 @@
+"""``rag_token`` and ``rag_seq``: query encoder + frozen knowledge source + BART generator.
+
+Per batch of B questions and K documents::
+
+    q = BERT_q(question)                       [B, D]   trainable (unless frozen)
+    rows = MIPS top-K of q over the index       [B, K]   no gradient (FAISS)
+    scores = q . d(z)  from the stored vectors  [B, K]   gradient reaches BERT_q, never d(z)
+    src = <s> question </s> title </s> passage </s>   for each of the B*K pairs
+    logits = BART(src, prev_output_tokens)      [B*K, T, V]
+
+The criterion and the generators marginalise over documents with
+:mod:`rag_plugin.marginalization`. The two registered models differ only in ``variant``.
+With ``n_docs == 0`` the model is the closed-book BART baseline (no retrieval).
+"""
+
+import copy
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+
+from rag_plugin import input_format
+from rag_plugin.errors import UserError
+from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RagConfig(FairseqDataclass):
+    generator_size: ChoiceEnum(["tiny", "base", "large"]) = field(
+        default="tiny", metadata={"help": "generator sizes: tiny (3+3 layers, d=256), base (bart.base), large (bart.large)"})
+    generator_checkpoint: Optional[str] = field(
+        default=None, metadata={"help": "initialise the generator from a fairseq BART model.pt (bart.base / bart.large)"})
+    query_encoder: str = field(
+        default="knowledge", metadata={"help": "query encoder initialisation: 'knowledge' (the knowledge source's "
+                                               "encoder: MiniLM or DPR's question encoder), 'random', or an encoder "
+                                               "spec (dpr:CKPT, hf-dpr:DIR)"})
+    freeze_query_encoder: bool = field(
+        default=False, metadata={"help": "keep the query encoder fixed (the paper's 'Frozen' ablation)"})
+    dropout: float = field(default=0.1, metadata={"help": "generator dropout"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "generator attention dropout"})
+    activation_dropout: float = field(default=0.0, metadata={"help": "generator activation dropout"})
+    max_source_positions: int = field(default=256, metadata={"help": "generator input length (question + passage)"})
+    max_target_positions: int = field(default=128, metadata={"help": "generator output length"})
+
+
+def _as_config(cfg) -> RagConfig:
+    """fairseq hands a Namespace (CLI) or a DictConfig (hydra/checkpoint): make it a RagConfig."""
+    if isinstance(cfg, RagConfig):
+        return cfg
+    names = RagConfig.__dataclass_fields__.keys()
+    values = {k: getattr(cfg, k) for k in names if not k.startswith("_") and getattr(cfg, k, None) is not None}
+    return RagConfig(**values)
+
+
+class RagModel(BaseFairseqModel):
+    """Shared implementation of RAG-Token and RAG-Sequence (see the module docstring)."""
+
+    variant = "token"
+
+    def __init__(self, cfg: RagConfig, generator, query_encoder: Optional[torch.nn.Module], dictionary):
+        super().__init__()
+        self.cfg = cfg
+        self.generator = generator
+        self.query_encoder = query_encoder
+        self.dictionary = dictionary
+        self.bos, self.eos, self.pad = dictionary.bos(), dictionary.eos(), dictionary.pad()
+        self.n_docs = 0
+        self.retriever = None          # DenseRetriever or None; attached by the task
+        self.knowledge_identity: Optional[dict] = None  # what this model was trained with
+        if query_encoder is not None and cfg.freeze_query_encoder:
+            for p in query_encoder.parameters():
+                p.requires_grad_(False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build_model(cls, cfg, task):
+        cfg = _as_config(cfg)
+        dictionary = task.dictionary
+        generator = build_bart(cfg.generator_size, dictionary, cfg.max_source_positions, cfg.max_target_positions,
+                               cfg.dropout, cfg.attention_dropout, cfg.activation_dropout)
+        if cfg.generator_checkpoint:
+            load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
+        query_encoder = None
+        if task.cfg.n_docs > 0 and task.cfg.retriever == "dense":
+            query_encoder = cls.build_query_encoder(cfg, task)
+        model = cls(cfg, generator, query_encoder, dictionary)
+        task.attach_retrieval(model)
+        logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
+                    f"{count_parameters(generator):,}",
+                    f"{count_parameters(query_encoder):,}" if query_encoder is not None else "none",
+                    f"{count_parameters(model):,}")
+        return model
+
+    @staticmethod
+    def build_query_encoder(cfg: RagConfig, task) -> torch.nn.Module:
+        source = task.text_encoder
+        if cfg.query_encoder not in ("knowledge", "random"):
+            from rag_plugin.retrieval.encoders import load_encoder
+
+            source = load_encoder(cfg.query_encoder)
+            if source.dim != task.knowledge.dim:
+                raise UserError(f"query encoder {cfg.query_encoder!r} has dimension {source.dim}, the knowledge "
+                                f"source {task.knowledge.dim}", fix="use the question encoder paired with the index")
+        tower = copy.deepcopy(source.query_tower)  # never shares weights with the document encoder
+        if cfg.query_encoder == "random":
+            gen = torch.Generator().manual_seed(0)
+            tower.bert_model.init_weights(gen)
+            if tower.encode_proj is not None:
+                torch.nn.init.normal_(tower.encode_proj.weight, std=0.02, generator=gen)
+                torch.nn.init.zeros_(tower.encode_proj.bias)
+        tower.train()
+        return tower
+
+    # ------------------------------------------------------------------ retrieval
+    def retrieve(self, query_tokens: Optional[torch.Tensor], query_mask: Optional[torch.Tensor], n_docs: int,
+                 fixed_doc_rows: Optional[torch.Tensor] = None, fixed_doc_scores: Optional[torch.Tensor] = None):
+        """Top-``n_docs`` documents: (doc_scores [B, K] (differentiable in q), rows Long[B, K])."""
+        if fixed_doc_rows is not None:  # BM25: documents and scores fixed per question
+            return fixed_doc_scores[:, :n_docs].float(), fixed_doc_rows[:, :n_docs]
+        grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad):
+            q = self.query_encoder(query_tokens, query_mask)                      # [B, D]
+        found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs)
+        rows = torch.from_numpy(found.rows)
+        d = torch.from_numpy(self.retriever.doc_vectors(found.rows)).to(q)        # [B, K, D] frozen
+        scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1)                       # [B, K]
+        return scores, rows
+
+    def generator_inputs(self, question_tokens: torch.Tensor, rows: Optional[torch.Tensor]):
+        """Inputs for the B*K (question, document) pairs, from pre-tokenized passage ids."""
+        questions = [q[q.ne(self.pad)].numpy() for q in question_tokens.cpu()]
+        docs = None
+        if rows is not None:
+            store = self.retriever.store
+            docs = [[(store.title_tokens(int(r)), store.text_tokens(int(r))) for r in row] for row in rows.tolist()]
+        src, lengths = input_format.batch_inputs(questions, docs, self.bos, self.eos, self.pad,
+                                                 self.cfg.max_source_positions)
+        device = question_tokens.device
+        return src.to(device), lengths.to(device)
+
+    def encode(self, question_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
+               fixed_doc_scores=None, n_docs: Optional[int] = None):
+        """Retrieve and run the generator's encoder once per (question, document) pair.
+
+        Returns (encoder_out over B*K rows, doc_scores [B, K], rows [B, K] or None).
+        """
+        k = self.n_docs if n_docs is None else n_docs
+        if k > 0:
+            doc_scores, rows = self.retrieve(query_tokens, query_mask, k, fixed_doc_rows, fixed_doc_scores)
+        else:
+            b = question_tokens.size(0)
+            doc_scores, rows = question_tokens.new_zeros((b, 1), dtype=torch.float), None
+        src, lengths = self.generator_inputs(question_tokens, rows)
+        encoder_out = self.generator.encoder(src, src_lengths=lengths)
+        return encoder_out, doc_scores, rows
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, question_tokens, prev_output_tokens, query_tokens=None, query_mask=None,
+                fixed_doc_rows=None, fixed_doc_scores=None, n_docs: Optional[int] = None):
+        """Teacher-forced logits for every (question, document) pair.
+
+        Returns ``(logits [B*K, T, V], extra)`` with ``extra["doc_scores"]`` [B, K] and
+        ``extra["doc_rows"]`` [B, K] (None for closed book).
+        """
+        encoder_out, doc_scores, rows = self.encode(question_tokens, query_tokens, query_mask, fixed_doc_rows,
+                                                    fixed_doc_scores, n_docs)
+        k = doc_scores.size(1)
+        prev = prev_output_tokens.repeat_interleave(k, dim=0) if k > 1 else prev_output_tokens
+        logits, extra = self.generator.decoder(prev, encoder_out=encoder_out)
+        extra["doc_scores"] = doc_scores
+        extra["doc_rows"] = rows
+        return logits, extra
+
+    def max_positions(self):
+        return (self.cfg.max_source_positions, self.cfg.max_target_positions)
+
+    def max_decoder_positions(self):
+        return self.cfg.max_target_positions
+
+    # ------------------------------------------------------------------ checkpoint identity
+    def get_extra_state(self):
+        """Saved in the checkpoint: the knowledge source (encoder) this model was trained with."""
+        return {"knowledge": json.dumps(self.knowledge_identity or {}, sort_keys=True), "variant": self.variant}
+
+    def set_extra_state(self, state):
+        trained = json.loads(state.get("knowledge") or "{}")
+        if self.retriever is not None and trained.get("encoder"):
+            self.retriever.knowledge.check_encoder(trained["encoder"], what="the checkpoint's document encoder")
+        if trained:
+            self.knowledge_identity = trained
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+
+
+@register_model("rag_token", dataclass=RagConfig)
+class RagTokenModel(RagModel):
+    """RAG-Token: a different document may generate each target token."""
+
+    variant = "token"
+
+
+@register_model("rag_seq", dataclass=RagConfig)
+class RagSequenceModel(RagModel):
+    """RAG-Sequence: one document generates the whole target."""
+
+    variant = "sequence"
+
+
+def _preset(size: str, positions: int):
+    def arch(cfg):
+        cfg.generator_size = size
+        if getattr(cfg, "max_source_positions", None) is None:
+            cfg.max_source_positions = positions
+        if getattr(cfg, "max_target_positions", None) is None:
+            cfg.max_target_positions = min(positions, 256)
+    return arch
+
+
+for _model in ("rag_token", "rag_seq"):
+    for _size, _positions in (("tiny", 256), ("base", 1024), ("large", 1024)):
+        register_model_architecture(_model, f"{_model}_{_size}")(_preset(_size, _positions))

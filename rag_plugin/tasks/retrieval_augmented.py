@@ -1,0 +1,177 @@
+"""Task ``retrieval_augmented``: question/target data + a knowledge source, for RAG models.
+
+Loads KILT-style JSONL splits from ``DATA/{split}.jsonl``, the knowledge source (passage
+store, vectors, FAISS index, its document encoder and the generator tokenizer it was
+pre-tokenized with), builds the retriever once per process, and hands it to the model.
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from fairseq.data import Dictionary
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
+
+from rag_plugin.data.kilt import read_kilt
+from rag_plugin.data.qa_dataset import RetrievalQADataset
+from rag_plugin.errors import UserError
+
+logger = logging.getLogger(__name__)
+MAX_TARGET_TOKENS = 256  # longer targets are cut (a warning-free, documented limit)
+
+
+@dataclass
+class RetrievalAugmentedConfig(FairseqDataclass):
+    data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
+                                                    "KILT style: {id, input, output: [{answer, provenance}]}"})
+    knowledge: str = field(default="", metadata={"help": "knowledge source directory (scripts/build_knowledge_source.py); "
+                                                         "at generation time another one with the same document "
+                                                         "encoder may be swapped in"})
+    n_docs: int = field(default=5, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART"})
+    retriever: ChoiceEnum(["dense", "bm25"]) = field(
+        default="dense", metadata={"help": "dense (trainable query encoder, MIPS) or bm25 (fixed; BM25 scores as "
+                                           "logits of p(z|x), the paper's ablation)"})
+    nprobe: Optional[int] = field(default=None, metadata={"help": "IVF lists visited per search"})
+    ef_search: Optional[int] = field(default=None, metadata={"help": "HNSW search breadth"})
+    max_query_tokens: int = field(default=64, metadata={"help": "question length for the query encoder"})
+    train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
+                                                                      "(default: the first answer only)"})
+    seed: int = II("common.seed")
+
+
+@register_task("retrieval_augmented", dataclass=RetrievalAugmentedConfig)
+class RetrievalAugmentedTask(FairseqTask):
+    cfg: RetrievalAugmentedConfig
+
+    def __init__(self, cfg: RetrievalAugmentedConfig, knowledge, dictionary, tokenizer, text_encoder):
+        super().__init__(cfg)
+        self.knowledge = knowledge
+        self.dictionary = dictionary
+        self.tokenizer = tokenizer          # generator tokenizer (the one passages were pre-tokenized with)
+        self.text_encoder = text_encoder    # the knowledge source's bi-encoder (query tokenizer, initial q)
+        self._retriever = None
+        self._bm25 = None
+        self.records = {}
+
+    # ------------------------------------------------------------------ setup
+    @classmethod
+    def setup_task(cls, cfg: RetrievalAugmentedConfig, **kwargs):
+        from rag_plugin.retrieval.knowledge import KnowledgeSource
+
+        if not cfg.knowledge:
+            raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
+                                                            "tokenizer, even for --n-docs 0)")
+        if cfg.n_docs < 0:
+            raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}")
+        knowledge = KnowledgeSource(cfg.knowledge)
+        if cfg.n_docs > len(knowledge):
+            raise UserError(f"--n-docs {cfg.n_docs} is larger than the knowledge source ({len(knowledge)} passages)",
+                            path=cfg.knowledge, fix=f"use --n-docs {len(knowledge)} or fewer")
+        tokenizer = knowledge.load_generator_tokenizer()
+        dictionary = Dictionary.load(str(Path(tokenizer.dict_path)))
+        if len(dictionary) != len(tokenizer):
+            raise UserError("generator dictionary and tokenizer disagree", path=tokenizer.dict_path)
+        if cfg.nprobe is not None or cfg.ef_search is not None:
+            knowledge.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
+        text_encoder = knowledge.load_encoder() if cfg.n_docs > 0 and cfg.retriever == "dense" else None
+        logger.info("knowledge source %s: %d passages, encoder %s, dictionary %d symbols", cfg.knowledge,
+                    len(knowledge), knowledge.encoder_identity.get("name"), len(dictionary))
+        return cls(cfg, knowledge, dictionary, tokenizer, text_encoder)
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
+
+    @property
+    def retriever(self):
+        if self._retriever is None and self.cfg.n_docs > 0 and self.cfg.retriever == "dense":
+            from rag_plugin.retrieval.retriever import DenseRetriever
+
+            self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder)
+        return self._retriever
+
+    def attach_retrieval(self, model) -> None:
+        """Give a freshly built model this process's retriever and K."""
+        model.n_docs = self.cfg.n_docs
+        if self.cfg.n_docs > 0:
+            model.retriever = self.retriever or _StoreOnly(self.knowledge)
+        model.knowledge_identity = {"encoder": self.knowledge.encoder_identity,
+                                    "knowledge": str(Path(self.cfg.knowledge).resolve()),
+                                    "passage_store_sha256": self.knowledge.passages.sha256,
+                                    "count": len(self.knowledge)}
+
+    # ------------------------------------------------------------------ data
+    def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
+        path = Path(self.cfg.data) / f"{split}.jsonl"
+        if not self.cfg.data or not path.is_file():
+            raise UserError(f"missing data split {split!r}", path=str(path),
+                            fix=f"DATA must hold {split}.jsonl (KILT style)")
+        records = read_kilt(str(path), require_answers=True)
+        questions, targets = [], []
+        for r in records:
+            answers = r.answers if (self.cfg.train_all_answers and split == "train") else r.answers[:1]
+            for a in answers:
+                questions.append(r)
+                targets.append(a)
+        self.records[split] = records
+        self.datasets[split] = self.build_dataset([r.input for r in questions], targets,
+                                                  record_ids=[r.id for r in questions])
+        logger.info("%s: %d examples from %s", split, len(self.datasets[split]), path)
+
+    def build_dataset(self, questions, targets=None, record_ids=None) -> RetrievalQADataset:
+        """Pre-tokenize questions (query encoder + generator) and targets once."""
+        q_gen = self.tokenizer.encode_batch(questions)
+        tgt = self.tokenizer.encode_batch(targets) if targets is not None else None
+        if tgt is not None:
+            tgt = [t[: MAX_TARGET_TOKENS - 1] for t in tgt]
+        q_enc = None
+        if self.text_encoder is not None:
+            q_enc = [ids[: self.cfg.max_query_tokens] for ids in self.text_encoder.tokenize_queries(questions)]
+        fixed_rows = fixed_scores = None
+        if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
+            found = self.bm25.search(questions, self.cfg.n_docs)
+            fixed_rows, fixed_scores = found.rows, found.scores
+        return RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
+                                  fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids)
+
+    @property
+    def bm25(self):
+        if self._bm25 is None:
+            from rag_plugin.retrieval.retriever import BM25Retriever
+
+            self._bm25 = BM25Retriever(self.knowledge.passages)
+        return self._bm25
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        # fairseq drops the last partial batch when required_batch_size_multiple > 1: never
+        # do that outside training (every valid/test example must be scored).
+        if dataset is not self.datasets.get("train") and "required_batch_size_multiple" in kwargs:
+            kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
+    def max_positions(self):
+        return None
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, cfg, from_checkpoint=False):
+        from fairseq import models
+
+        return models.build_model(cfg, self, from_checkpoint)
+
+
+class _StoreOnly:
+    """For fixed (BM25) retrieval: the model only needs the passage store."""
+
+    def __init__(self, knowledge):
+        self.knowledge = knowledge
+        self.store = knowledge.passages

@@ -1,0 +1,69 @@
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+class HashingEncoder:
+    """A deterministic bag-of-words encoder for fast tests (hashing trick, L2-normalised).
+
+    Same interface as rag_plugin.retrieval.encoders.TextEncoder where the knowledge-source
+    code uses it: dim, encode_passages, encode_queries, identity.
+    """
+
+    def __init__(self, dim: int = 64):
+        self.dim = dim
+
+    def _vec(self, text: str) -> np.ndarray:
+        v = np.zeros(self.dim, dtype=np.float32)
+        for w in text.lower().replace(".", " ").replace("?", " ").split():
+            h = int(hashlib.md5(w.encode()).hexdigest(), 16)
+            v[h % self.dim] += 1.0 if (h >> 64) % 2 else -1.0
+        n = np.linalg.norm(v)
+        return v / n if n else v
+
+    def encode_queries(self, questions, batch_size=64, progress=False):
+        return np.stack([self._vec(q) for q in questions])
+
+    def encode_passages(self, titles, texts, batch_size=64, progress=False):
+        return np.stack([self._vec(f"{t} {x}") for t, x in zip(titles, texts)])
+
+    def identity(self):
+        return {"name": "hashing", "dim": self.dim, "pooling": "none",
+                "passage_weights_sha256": "hashing", "query_weights_sha256": "hashing"}
+
+
+@pytest.fixture
+def hashing_encoder():
+    return HashingEncoder()
+
+
+def write_jsonl(path: Path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+         "sigma tau upsilon phi chi psi omega red green blue river mountain city king queen").split()
+
+
+def synthetic_passages(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        words = rng.choice(WORDS, size=int(rng.integers(8, 20)))
+        rows.append({"id": f"p{i}", "title": f"Title {i}", "text": " ".join(words) + f" unique{i}"})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    from tests.tiny_world import make_world
+
+    return make_world(tmp_path_factory.mktemp("world"))

@@ -1,0 +1,147 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from rag_plugin.errors import UserError
+from rag_plugin.retrieval.knowledge import BuildSettings, KnowledgeSource, build_knowledge_source
+from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
+from tests.conftest import ROOT, HashingEncoder, synthetic_passages, write_jsonl
+
+
+def _build(tmp_path, n=300, factory="Flat", **kw):
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(n))
+    settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory)
+    return build_knowledge_source(str(tmp_path / "ks"), settings, encoder=HashingEncoder(),
+                                  shard_size=64, progress=False, log=lambda m: None, **kw)
+
+
+def test_build_then_load_and_search_exactly(tmp_path):
+    ks = _build(tmp_path)
+    assert len(ks) == 300 and ks.dim == 64
+    assert set(os.listdir(tmp_path / "ks")) == {"passages", "vectors.npy", "index.faiss", "manifest.json"}
+    ks2 = KnowledgeSource(str(tmp_path / "ks"))
+    enc = HashingEncoder()
+    retr = DenseRetriever(ks2, encoder=enc)
+    questions = [ks2.passages.text(i) for i in (0, 17, 299)]
+    res = retr.search(questions, k=5)
+    # exact index == brute force over the stored vectors
+    q = enc.encode_queries(questions)
+    brute = np.argsort(-(q @ np.asarray(ks2.vectors).T), axis=1, kind="stable")[:, :5]
+    np.testing.assert_allclose(res.scores, np.take_along_axis(q @ np.asarray(ks2.vectors).T, brute, 1), rtol=1e-5)
+    assert [r[0] for r in res.ids()] == ["p0", "p17", "p299"]
+    # stored vectors of the hits give back the scores (what the model recomputes as q.d)
+    dv = retr.doc_vectors(res.rows)
+    np.testing.assert_allclose(np.einsum("bd,bkd->bk", q, dv), res.scores, rtol=1e-5, atol=1e-6)
+    # manifest
+    m = ks2.manifest
+    assert m["count"] == 300 and m["index_factory"] == "Flat" and m["encoder"]["name"] == "hashing"
+
+
+def test_rebuild_same_settings_is_up_to_date_other_settings_refused(tmp_path):
+    _build(tmp_path)
+    _build(tmp_path)  # no error: up to date
+    with pytest.raises(UserError, match="other settings"):
+        _build(tmp_path, factory="HNSW32")
+
+
+def test_output_dir_with_foreign_content_is_refused(tmp_path):
+    (tmp_path / "ks").mkdir()
+    (tmp_path / "ks" / "thesis.docx").write_text("precious")
+    with pytest.raises(UserError, match="not empty and is not a knowledge source"):
+        _build(tmp_path)
+    assert (tmp_path / "ks" / "thesis.docx").read_text() == "precious"
+
+
+def test_incomplete_or_inconsistent_sources_cannot_load(tmp_path):
+    _build(tmp_path)
+    ks_dir = tmp_path / "ks"
+    (ks_dir / "manifest.json").rename(tmp_path / "manifest.bak")
+    with pytest.raises(UserError, match="no manifest.json"):
+        KnowledgeSource(str(ks_dir))
+    (tmp_path / "manifest.bak").rename(ks_dir / "manifest.json")
+    m = json.loads((ks_dir / "manifest.json").read_text())
+    m["count"] = 301
+    (ks_dir / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="does not match the manifest"):
+        KnowledgeSource(str(ks_dir))
+
+
+def test_truncated_index_is_refused(tmp_path):
+    ks = _build(tmp_path)
+    p = tmp_path / "ks" / "index.faiss"
+    p.write_bytes(p.read_bytes()[:1000])
+    with pytest.raises(UserError, match="corrupted or truncated"):
+        KnowledgeSource(str(tmp_path / "ks")).index
+
+
+def test_dimension_mismatch_is_refused(tmp_path):
+    ks = _build(tmp_path)
+    with pytest.raises(UserError, match="dimension"):
+        DenseRetriever(ks, encoder=HashingEncoder(dim=32))
+
+
+def test_k_larger_than_collection(tmp_path):
+    ks = _build(tmp_path, n=10)
+    with pytest.raises(UserError, match="larger than the collection"):
+        DenseRetriever(ks, encoder=HashingEncoder()).search(["alpha"], k=11)
+
+
+def test_bm25_finds_lexical_match(tmp_path):
+    ks = _build(tmp_path)
+    bm25 = BM25Retriever(ks.passages)
+    res = bm25.search(["unique42", "unique7 alpha"], k=3)
+    assert res.ids()[0][0] == "p42" and res.ids()[1][0] == "p7"
+    assert res.scores.shape == (2, 3)
+
+
+SLOW_BUILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from tests.conftest import HashingEncoder
+    from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+
+    class Slow(HashingEncoder):
+        def encode_passages(self, titles, texts, **kw):
+            time.sleep({delay})
+            return super().encode_passages(titles, texts)
+
+    s = BuildSettings(passages={src!r}, encoder="hashing", index_factory="Flat")
+    build_knowledge_source({out!r}, s, encoder=Slow(), shard_size=50, progress=False, log=print)
+    print("BUILT", flush=True)
+""")
+
+
+def test_sigkill_midway_then_resume_skips_finished_shards(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(500))
+    out = tmp_path / "ks"
+    script = tmp_path / "build.py"
+    script.write_text(SLOW_BUILD.format(root=str(ROOT), src=str(src), out=str(out), delay=0.3))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    shards = out / ".build" / "shards"
+    import time
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(shards.glob("*.npy"))) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(shards.glob("*.npy"))
+    assert 3 <= len(done) < 10
+    with pytest.raises(UserError, match="did not finish"):
+        KnowledgeSource(str(out))
+    before = {p.name: p.stat().st_mtime_ns for p in done}
+    # the resumed run must not recompute the finished shards
+    script.write_text(SLOW_BUILD.format(root=str(ROOT), src=str(src), out=str(out), delay=0.0))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "BUILT" in r.stdout, r.stderr
+    ks = KnowledgeSource(str(out))
+    assert len(ks) == 500 and not (out / ".build").exists()
+    # identical to a build that was never interrupted
+    fresh = build_knowledge_source(str(tmp_path / "fresh"), BuildSettings(passages=str(src), encoder="hashing"),
+                                   encoder=HashingEncoder(), shard_size=50, progress=False, log=lambda m: None)
+    np.testing.assert_array_equal(np.asarray(ks.vectors), np.asarray(fresh.vectors))
