@@ -23,6 +23,9 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give what open(..., "w") would
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:

@@ -17,13 +17,14 @@ class RetrievalQADataset(FairseqDataset):
     def __init__(self, query_tokens: Optional[Sequence[Sequence[int]]], question_tokens: Sequence[Sequence[int]],
                  targets: Optional[Sequence[Sequence[int]]], pad: int, eos: int, query_pad: int = 0,
                  fixed_rows: Optional[np.ndarray] = None, fixed_scores: Optional[np.ndarray] = None,
-                 record_ids: Optional[List[str]] = None):
+                 record_ids: Optional[List[str]] = None, gold_rows: Optional[np.ndarray] = None):
         self.query_tokens = [np.asarray(q, dtype=np.int64) for q in query_tokens] if query_tokens is not None else None
         self.question_tokens = [np.asarray(q, dtype=np.int64) for q in question_tokens]
         self.targets = [np.asarray(list(t) + [eos], dtype=np.int64) for t in targets] if targets is not None else None
         self.pad, self.eos, self.query_pad = pad, eos, query_pad
         self.fixed_rows, self.fixed_scores = fixed_rows, fixed_scores
         self.record_ids = record_ids
+        self.gold_rows = gold_rows  # int64 [N, G], -1 padded: gold passages' store rows (for p(gold|x) stats)
         tgt = np.array([len(t) for t in self.targets]) if self.targets is not None else np.zeros(len(self.question_tokens), dtype=np.int64)
         self.sizes = np.array([len(q) for q in self.question_tokens], dtype=np.int64) + tgt
         self.tgt_sizes = tgt
@@ -72,6 +73,8 @@ class RetrievalQADataset(FairseqDataset):
             net_input["fixed_doc_rows"] = torch.from_numpy(self.fixed_rows[idx])
             net_input["fixed_doc_scores"] = torch.from_numpy(self.fixed_scores[idx])
         batch = {"id": ids, "nsentences": len(samples), "net_input": net_input}
+        if self.gold_rows is not None:
+            batch["gold_rows"] = torch.from_numpy(self.gold_rows[ids.numpy()])
         if self.targets is not None:
             target = self._pad([s["target"] for s in samples], self.pad)
             prev = torch.full_like(target, self.pad)

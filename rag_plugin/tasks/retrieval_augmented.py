@@ -9,7 +9,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -57,6 +57,7 @@ class RetrievalAugmentedTask(FairseqTask):
         self.text_encoder = text_encoder    # the knowledge source's bi-encoder (query tokenizer, initial q)
         self._retriever = None
         self._bm25 = None
+        self._rows_by_id: Optional[Dict[str, List[int]]] = None
         self.records = {}
 
     # ------------------------------------------------------------------ setup
@@ -117,7 +118,7 @@ class RetrievalAugmentedTask(FairseqTask):
             raise UserError(f"missing data split {split!r}", path=str(path),
                             fix=f"DATA must hold {split}.jsonl (KILT style)")
         records = read_kilt(str(path), require_answers=True)
-        questions, targets = [], []
+        questions, targets = [], []  # one entry per training example (records repeat with train_all_answers)
         for r in records:
             answers = r.answers if (self.cfg.train_all_answers and split == "train") else r.answers[:1]
             for a in answers:
@@ -125,10 +126,35 @@ class RetrievalAugmentedTask(FairseqTask):
                 targets.append(a)
         self.records[split] = records
         self.datasets[split] = self.build_dataset([r.input for r in questions], targets,
-                                                  record_ids=[r.id for r in questions])
+                                                  record_ids=[r.id for r in questions],
+                                                  gold_rows=self.gold_rows([r.provenance for r in questions]))
         logger.info("%s: %d examples from %s", split, len(self.datasets[split]), path)
 
-    def build_dataset(self, questions, targets=None, record_ids=None) -> RetrievalQADataset:
+    def gold_rows(self, provenance: List[List[str]]) -> Optional[np.ndarray]:
+        """Store rows of the gold passages ([N, G], -1 padded), or None if the data names none.
+
+        A provenance id matches a passage id, or every ``<id>_<n>`` passage split from it.
+        """
+        if not any(provenance):
+            return None
+        if self._rows_by_id is None:
+            store = self.knowledge.passages
+            by_id: Dict[str, List[int]] = {}
+            for row in range(len(store)):
+                pid = store.id(row)
+                by_id.setdefault(pid, []).append(row)
+                base = pid.rsplit("_", 1)
+                if len(base) == 2 and base[1].isdigit():
+                    by_id.setdefault(base[0], []).append(row)
+            self._rows_by_id = by_id
+        rows = [sorted({r for pid in prov for r in self._rows_by_id.get(pid, [])}) for prov in provenance]
+        width = max(1, max(len(r) for r in rows))
+        out = np.full((len(rows), width), -1, dtype=np.int64)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = r
+        return out
+
+    def build_dataset(self, questions, targets=None, record_ids=None, gold_rows=None) -> RetrievalQADataset:
         """Pre-tokenize questions (query encoder + generator) and targets once."""
         q_gen = self.tokenizer.encode_batch(questions)
         tgt = self.tokenizer.encode_batch(targets) if targets is not None else None
@@ -142,7 +168,8 @@ class RetrievalAugmentedTask(FairseqTask):
             found = self.bm25.search(questions, self.cfg.n_docs)
             fixed_rows, fixed_scores = found.rows, found.scores
         return RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
-                                  fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids)
+                                  fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
+                                  gold_rows=gold_rows)
 
     @property
     def bm25(self):
