@@ -1,0 +1,156 @@
+"""The model + criterion against brute force that enumerates the K documents explicitly."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import rag_plugin
+from rag_plugin import input_format
+
+rag_plugin.register()
+
+from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion  # noqa: E402
+from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
+from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
+
+
+def _task(world, n_docs):
+    cfg = RetrievalAugmentedConfig(data=str(world["data"]), knowledge=str(world["ks"]), n_docs=n_docs)
+    task = RetrievalAugmentedTask.setup_task(cfg)
+    task.load_dataset("train")
+    return task
+
+
+def _model(cls, task, seed=1):
+    torch.manual_seed(seed)
+    model = cls.build_model(RagConfig(generator_size="tiny", dropout=0.0), task)
+    return model
+
+
+def _batch(task, n=4):
+    ds = task.datasets["train"]
+    return ds.collater([ds[i] for i in range(n)])
+
+
+def _per_doc_token_lp(model, sample, rows):
+    """log p(y_t | x, z_k, y<t) for each document k separately: [B, K, T] in float64."""
+    out = []
+    target = sample["target"]
+    for k in range(rows.size(1)):
+        ni = dict(sample["net_input"])
+        logits, _ = model(question_tokens=ni["question_tokens"], prev_output_tokens=ni["prev_output_tokens"],
+                          fixed_doc_rows=rows[:, k:k + 1], fixed_doc_scores=torch.zeros(rows.size(0), 1), n_docs=1)
+        lp = torch.log_softmax(logits.double(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        out.append(lp)
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("cls", [RagTokenModel, RagSequenceModel])
+def test_criterion_equals_explicit_enumeration_of_documents(tiny_world, cls):
+    task = _task(tiny_world, n_docs=3)
+    model = _model(cls, task).eval()
+    crit = MarginalNLLCriterion(task)
+    sample = _batch(task)
+    with torch.no_grad():
+        loss, _, _ = crit(model, sample, reduce=False)
+        _, extra = model(**sample["net_input"])
+        rows, scores = extra["doc_rows"], extra["doc_scores"].double()
+        token_lp = _per_doc_token_lp(model, sample, rows)
+    mask = sample["target"].ne(task.dictionary.pad())
+    for b in range(rows.size(0)):
+        prior = [float(scores[b, k]) for k in range(3)]
+        z = math.log(sum(math.exp(p) for p in prior))
+        log_prior = [p - z for p in prior]
+        positions = [t for t in range(mask.size(1)) if mask[b, t]]
+        if cls.variant == "sequence":
+            expected = -math.log(sum(math.exp(log_prior[k] + sum(float(token_lp[b, k, t]) for t in positions))
+                                     for k in range(3)))
+        else:
+            expected = -sum(math.log(sum(math.exp(log_prior[k] + float(token_lp[b, k, t])) for k in range(3)))
+                            for t in positions)
+        assert float(loss[b]) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+def test_k1_reduces_to_plain_seq2seq_nll(tiny_world):
+    task = _task(tiny_world, n_docs=1)
+    for cls in (RagTokenModel, RagSequenceModel):
+        model = _model(cls, task).eval()
+        sample = _batch(task)
+        with torch.no_grad():
+            loss, _, _ = MarginalNLLCriterion(task)(model, sample, reduce=False)
+            _, extra = model(**sample["net_input"])
+            rows = extra["doc_rows"]
+            store = task.knowledge.passages
+            questions = [q[q.ne(1)].numpy() for q in sample["net_input"]["question_tokens"]]
+            docs = [[(store.title_tokens(int(r)), store.text_tokens(int(r)))] for r in rows[:, 0]]
+            src, lengths = input_format.batch_inputs(questions, docs, 0, 2, 1, model.cfg.max_source_positions)
+            logits, _ = model.generator(src, lengths, sample["net_input"]["prev_output_tokens"])
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), sample["target"],
+                                                    ignore_index=1, reduction="none").sum(1)
+        torch.testing.assert_close(loss, nll, rtol=1e-5, atol=1e-5)
+
+
+def test_sequence_equals_token_for_one_token_targets(tiny_world):
+    task = _task(tiny_world, n_docs=3)
+    model = _model(RagTokenModel, task).eval()
+    sample = _batch(task)
+    sample["target"] = sample["target"][:, :1].clone()
+    sample["net_input"]["prev_output_tokens"] = sample["net_input"]["prev_output_tokens"][:, :1].clone()
+    sample["ntokens"] = sample["target"].numel()
+    crit = MarginalNLLCriterion(task)
+    with torch.no_grad():
+        token_loss, _, _ = crit(model, sample, reduce=False)
+        model.variant = "sequence"
+        seq_loss, _, _ = crit(model, sample, reduce=False)
+    torch.testing.assert_close(token_loss, seq_loss)
+
+
+def test_gradient_reaches_query_encoder_never_documents(tiny_world):
+    task = _task(tiny_world, n_docs=3)
+    model = _model(RagTokenModel, task).train()
+    vectors_before = np.array(task.knowledge.vectors)
+    loss, _, _ = MarginalNLLCriterion(task)(model, _batch(task))
+    loss.backward()
+    q_grads = [p.grad for p in model.query_encoder.parameters()]
+    assert all(g is not None for g in q_grads) and sum(float(g.abs().sum()) for g in q_grads) > 0
+    assert all(p.grad is None for p in task.text_encoder.passage_tower.parameters())
+    assert all(p.grad is not None for p in model.generator.parameters() if p.requires_grad)
+    # the query encoder is a copy: training it cannot move the document encoder
+    assert not any(a is b for a in model.query_encoder.parameters() for b in task.text_encoder.passage_tower.parameters())
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    np.testing.assert_array_equal(vectors_before, np.asarray(task.knowledge.vectors))
+
+
+def test_frozen_query_encoder_gets_no_gradient(tiny_world):
+    task = _task(tiny_world, n_docs=3)
+    torch.manual_seed(0)
+    model = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0, freeze_query_encoder=True), task)
+    loss, _, _ = MarginalNLLCriterion(task)(model.train(), _batch(task))
+    loss.backward()
+    assert all(p.grad is None for p in model.query_encoder.parameters())
+
+
+def test_closed_book_has_no_retrieval(tiny_world):
+    task = _task(tiny_world, n_docs=0)
+    model = _model(RagSequenceModel, task).eval()
+    assert model.query_encoder is None
+    sample = _batch(task)
+    with torch.no_grad():
+        loss, _, log = MarginalNLLCriterion(task)(model, sample, reduce=False)
+        logits, _ = model.generator(*input_format.batch_inputs(
+            [q[q.ne(1)].numpy() for q in sample["net_input"]["question_tokens"]], None, 0, 2, 1, 256),
+            sample["net_input"]["prev_output_tokens"])
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), sample["target"], ignore_index=1,
+                                                reduction="none").sum(1)
+    torch.testing.assert_close(loss, nll, rtol=1e-5, atol=1e-5)
+
+
+def test_generator_input_never_cuts_the_question():
+    q = np.arange(10, 20)
+    title, text = np.arange(100, 105), np.arange(200, 300)
+    x = input_format.pair_input(q, title, text, bos=0, eos=2, max_len=30)
+    assert len(x) == 30 and x[0] == 0 and list(x[1:11]) == list(q) and x[11] == 2 and x[-1] == 2
+    assert list(x[12:17]) == list(title) and x[17] == 2 and list(x[18:29]) == list(text[:11])
+    short = input_format.pair_input(q, title, text, bos=0, eos=2, max_len=14)
+    assert list(short[1:11]) == list(q)
