@@ -379,3 +379,34 @@ def doc_posterior_entropy(doc_lp: Tensor) -> Tensor:
 def top1_doc_prob(doc_lp: Tensor) -> Tensor:
     """Probability of the most likely document, ``max_k p(z_k|x)``. [B,K] -> [B]."""
     return doc_lp.max(dim=-1).values.exp()
+
+
+# ----------------------------------------------------------------------------- per-token scores
+
+
+def rag_token_positional_scores(token_lp: Tensor, doc_lp: Tensor) -> Tensor:
+    """log p'(y_t | x, y<t) = logsumexp_k(doc_lp + token_lp): the RAG-Token transition.
+
+    Args: token_lp [B,K,T], doc_lp [B,K]. Returns [B,T]; summing over the scored positions
+    gives -rag_token_nll.
+    """
+    return torch.logsumexp(_add_log_prior(doc_lp, token_lp), dim=1)
+
+
+def rag_sequence_positional_scores(token_lp: Tensor, doc_lp: Tensor) -> Tensor:
+    """Chain-rule decomposition of the RAG-Sequence marginal into per-token scores.
+
+    log p(y|x) = sum_t log p(y_t | x, y<t) with
+    p(y_t | x, y<t) = sum_z p(z | x, y<t) p(y_t | x, z, y<t), where the document posterior
+    p(z | x, y<t) is proportional to p(z|x) prod_{s<t} p(y_s | x, z, y<s). The terms
+    telescope, so the sum over t is exactly ``logsumexp_k(doc_lp + sum_t token_lp)``.
+    Rows of ``token_lp`` that are ``-inf`` (Fast decoding: y not in z's beam) drop out.
+
+    Args: token_lp [B,K,T] (every position scored; pad the caller's way), doc_lp [B,K].
+    Returns [B,T].
+    """
+    upto = torch.cumsum(token_lp, dim=-1)                           # sum_{s<=t}, [B,K,T]
+    prefix = torch.cat([torch.zeros_like(upto[..., :1]), upto[..., :-1]], dim=-1)  # sum_{s<t}
+    before = _add_log_prior(doc_lp, prefix)                        # log p(z) p(y<t|z)
+    after = _add_log_prior(doc_lp, upto)                            # log p(z) p(y<=t|z)
+    return torch.logsumexp(after, dim=1) - torch.logsumexp(before, dim=1)

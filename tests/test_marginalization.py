@@ -640,3 +640,35 @@ def test_hyp_document_permutation_and_identical_documents(shape):
     marg = M.rag_token_marginal_lprobs(case["lprobs"], doc_lp)
     torch.testing.assert_close(marg.logsumexp(-1), torch.zeros(B, T, dtype=DT),
                                rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- per-token decompositions
+from rag_plugin.marginalization import rag_sequence_positional_scores, rag_token_positional_scores  # noqa: E402
+
+
+def test_sequence_positional_scores_telescope_to_the_marginal():
+    torch.manual_seed(0)
+    token_lp = torch.log_softmax(torch.randn(3, 4, 6, 9, dtype=torch.float64), -1)[..., 0]
+    doc_lp = torch.log_softmax(torch.randn(3, 4, dtype=torch.float64), -1)
+    pos = rag_sequence_positional_scores(token_lp, doc_lp)
+    full = torch.logsumexp(doc_lp + token_lp.sum(-1), dim=1)
+    torch.testing.assert_close(pos.sum(-1), full)
+    # position 0 is the prior-weighted mixture of the first token
+    torch.testing.assert_close(pos[:, 0], torch.logsumexp(doc_lp + token_lp[..., 0], 1))
+
+
+def test_sequence_positional_scores_with_off_beam_documents():
+    token_lp = torch.tensor([[[-1.0, -2.0], [float("-inf"), float("-inf")]]], dtype=torch.float64)
+    doc_lp = torch.log(torch.tensor([[0.25, 0.75]], dtype=torch.float64))
+    pos = rag_sequence_positional_scores(token_lp, doc_lp)
+    assert torch.isfinite(pos).all()
+    assert float(pos.sum()) == pytest.approx(math.log(0.25) - 3.0)
+
+
+def test_token_positional_scores_sum_to_minus_nll():
+    torch.manual_seed(1)
+    token_lp = torch.log_softmax(torch.randn(2, 3, 5, 7, dtype=torch.float64), -1)[..., 2]
+    doc_lp = torch.log_softmax(torch.randn(2, 3, dtype=torch.float64), -1)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    torch.testing.assert_close(rag_token_positional_scores(token_lp, doc_lp).sum(-1),
+                               -M.rag_token_nll(token_lp, doc_lp, mask))

@@ -6,11 +6,14 @@ Every answer of ``output`` is a gold alias; provenance lists gold passages.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
 from rag_plugin.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 FIX = 'each line must be {"id": ..., "input": "question", "output": [{"answer": "..."}]}'
 
@@ -24,8 +27,12 @@ class QARecord:
     meta: dict = field(default_factory=dict)
 
 
-def read_kilt(path: str, require_answers: bool = True) -> List[QARecord]:
-    """Read and check a KILT-style JSONL file; errors name the file and line."""
+def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool = False) -> List[QARecord]:
+    """Read and check a KILT-style JSONL file; errors name the file and line.
+
+    ``allow_empty_input``: keep records with an empty question (with a warning) so that
+    generation still answers every line.
+    """
     p = Path(path)
     if not p.is_file():
         raise UserError("data file not found", path=str(p),
@@ -47,8 +54,13 @@ def read_kilt(path: str, require_answers: bool = True) -> List[QARecord]:
             if not isinstance(obj, dict) or "input" not in obj:
                 raise UserError("missing field 'input'", path=str(p), line=lineno, fix=FIX)
             question = obj["input"]
-            if not isinstance(question, str) or not question.strip():
-                raise UserError("empty question ('input')", path=str(p), line=lineno, fix="give every record a question")
+            if not isinstance(question, str):
+                raise UserError("'input' must be a string", path=str(p), line=lineno, fix=FIX)
+            if not question.strip():
+                if not allow_empty_input:
+                    raise UserError("empty question ('input')", path=str(p), line=lineno,
+                                    fix="give every record a question")
+                logger.warning("%s:%d: empty question (kept, so that every line gets an answer)", p, lineno)
             rid = str(obj.get("id", lineno))
             if rid in seen:
                 raise UserError(f"duplicate id {rid!r}", path=str(p), line=lineno, fix="make ids unique")

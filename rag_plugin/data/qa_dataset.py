@@ -14,26 +14,26 @@ from fairseq.data import FairseqDataset
 
 
 class RetrievalQADataset(FairseqDataset):
-    def __init__(self, query_tokens: Optional[Sequence[Sequence[int]]], question_tokens: Sequence[Sequence[int]],
+    def __init__(self, query_tokens: Optional[Sequence[Sequence[int]]], src_tokens: Sequence[Sequence[int]],
                  targets: Optional[Sequence[Sequence[int]]], pad: int, eos: int, query_pad: int = 0,
                  fixed_rows: Optional[np.ndarray] = None, fixed_scores: Optional[np.ndarray] = None,
                  record_ids: Optional[List[str]] = None, gold_rows: Optional[np.ndarray] = None):
         self.query_tokens = [np.asarray(q, dtype=np.int64) for q in query_tokens] if query_tokens is not None else None
-        self.question_tokens = [np.asarray(q, dtype=np.int64) for q in question_tokens]
+        self.src_tokens = [np.asarray(q, dtype=np.int64) for q in src_tokens]
         self.targets = [np.asarray(list(t) + [eos], dtype=np.int64) for t in targets] if targets is not None else None
         self.pad, self.eos, self.query_pad = pad, eos, query_pad
         self.fixed_rows, self.fixed_scores = fixed_rows, fixed_scores
         self.record_ids = record_ids
         self.gold_rows = gold_rows  # int64 [N, G], -1 padded: gold passages' store rows (for p(gold|x) stats)
-        tgt = np.array([len(t) for t in self.targets]) if self.targets is not None else np.zeros(len(self.question_tokens), dtype=np.int64)
-        self.sizes = np.array([len(q) for q in self.question_tokens], dtype=np.int64) + tgt
+        tgt = np.array([len(t) for t in self.targets]) if self.targets is not None else np.zeros(len(self.src_tokens), dtype=np.int64)
+        self.sizes = np.array([len(q) for q in self.src_tokens], dtype=np.int64) + tgt
         self.tgt_sizes = tgt
 
     def __len__(self) -> int:
-        return len(self.question_tokens)
+        return len(self.src_tokens)
 
     def __getitem__(self, index: int) -> dict:
-        item = {"id": index, "question": self.question_tokens[index]}
+        item = {"id": index, "question": self.src_tokens[index]}
         if self.query_tokens is not None:
             item["query"] = self.query_tokens[index]
         if self.targets is not None:
@@ -61,7 +61,7 @@ class RetrievalQADataset(FairseqDataset):
         if not samples:
             return {}
         ids = torch.tensor([s["id"] for s in samples], dtype=torch.long)
-        net_input = {"question_tokens": self._pad([s["question"] for s in samples], self.pad)}
+        net_input = {"src_tokens": self._pad([s["question"] for s in samples], self.pad)}
         if self.query_tokens is not None:
             query = self._pad([s["query"] for s in samples], self.query_pad)
             mask = torch.zeros_like(query, dtype=torch.bool)

@@ -133,19 +133,19 @@ class RagModel(BaseFairseqModel):
         scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1)                       # [B, K]
         return scores, rows
 
-    def generator_inputs(self, question_tokens: torch.Tensor, rows: Optional[torch.Tensor]):
+    def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]):
         """Inputs for the B*K (question, document) pairs, from pre-tokenized passage ids."""
-        questions = [q[q.ne(self.pad)].numpy() for q in question_tokens.cpu()]
+        questions = [q[q.ne(self.pad)].numpy() for q in src_tokens.cpu()]
         docs = None
         if rows is not None:
             store = self.retriever.store
             docs = [[(store.title_tokens(int(r)), store.text_tokens(int(r))) for r in row] for row in rows.tolist()]
         src, lengths = input_format.batch_inputs(questions, docs, self.bos, self.eos, self.pad,
                                                  self.cfg.max_source_positions)
-        device = question_tokens.device
+        device = src_tokens.device
         return src.to(device), lengths.to(device)
 
-    def encode(self, question_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
+    def encode(self, src_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
                fixed_doc_scores=None, n_docs: Optional[int] = None):
         """Retrieve and run the generator's encoder once per (question, document) pair.
 
@@ -155,21 +155,21 @@ class RagModel(BaseFairseqModel):
         if k > 0:
             doc_scores, rows = self.retrieve(query_tokens, query_mask, k, fixed_doc_rows, fixed_doc_scores)
         else:
-            b = question_tokens.size(0)
-            doc_scores, rows = question_tokens.new_zeros((b, 1), dtype=torch.float), None
-        src, lengths = self.generator_inputs(question_tokens, rows)
+            b = src_tokens.size(0)
+            doc_scores, rows = src_tokens.new_zeros((b, 1), dtype=torch.float), None
+        src, lengths = self.generator_inputs(src_tokens, rows)
         encoder_out = self.generator.encoder(src, src_lengths=lengths)
         return encoder_out, doc_scores, rows
 
     # ------------------------------------------------------------------ forward
-    def forward(self, question_tokens, prev_output_tokens, query_tokens=None, query_mask=None,
+    def forward(self, src_tokens, prev_output_tokens, query_tokens=None, query_mask=None,
                 fixed_doc_rows=None, fixed_doc_scores=None, n_docs: Optional[int] = None):
         """Teacher-forced logits for every (question, document) pair.
 
         Returns ``(logits [B*K, T, V], extra)`` with ``extra["doc_scores"]`` [B, K] and
         ``extra["doc_rows"]`` [B, K] (None for closed book).
         """
-        encoder_out, doc_scores, rows = self.encode(question_tokens, query_tokens, query_mask, fixed_doc_rows,
+        encoder_out, doc_scores, rows = self.encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                     fixed_doc_scores, n_docs)
         k = doc_scores.size(1)
         prev = prev_output_tokens.repeat_interleave(k, dim=0) if k > 1 else prev_output_tokens

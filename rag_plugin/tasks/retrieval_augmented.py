@@ -40,6 +40,14 @@ class RetrievalAugmentedConfig(FairseqDataclass):
     nprobe: Optional[int] = field(default=None, metadata={"help": "IVF lists visited per search"})
     ef_search: Optional[int] = field(default=None, metadata={"help": "HNSW search breadth"})
     max_query_tokens: int = field(default=64, metadata={"help": "question length for the query encoder"})
+    rag_decoding: ChoiceEnum(["thorough", "fast"]) = field(
+        default="thorough", metadata={"help": "RAG-Sequence decoding: thorough (every hypothesis scored under every "
+                                              "document) or fast (p(y|x,z)=0 where y was not in z's beam)"})
+    provenance_out: Optional[str] = field(
+        default=None, metadata={"help": "generation: also write the retrieved documents of every sample as JSON lines"})
+    doc_posterior_out: Optional[str] = field(
+        default=None, metadata={"help": "generation, rag_token: write each answer's per-token document posterior "
+                                        "as JSON lines (plot with scripts/plot_doc_posterior.py)"})
     train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
                                                                       "(default: the first answer only)"})
     seed: int = II("common.seed")
@@ -117,7 +125,7 @@ class RetrievalAugmentedTask(FairseqTask):
         if not self.cfg.data or not path.is_file():
             raise UserError(f"missing data split {split!r}", path=str(path),
                             fix=f"DATA must hold {split}.jsonl (KILT style)")
-        records = read_kilt(str(path), require_answers=True)
+        records = read_kilt(str(path), require_answers=True, allow_empty_input=(split != "train"))
         questions, targets = [], []  # one entry per training example (records repeat with train_all_answers)
         for r in records:
             answers = r.answers if (self.cfg.train_all_answers and split == "train") else r.answers[:1]
@@ -189,11 +197,82 @@ class RetrievalAugmentedTask(FairseqTask):
     def max_positions(self):
         return None
 
+    # ------------------------------------------------------------------ generation
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+                        prefix_allowed_tokens_fn=None):
+        from rag_plugin.generation.rag_sequence import RagSequenceGenerator
+        from rag_plugin.generation.rag_token import RagTokenGenerator
+        from rag_plugin.generation.scorer import RagScorer
+
+        if len(models) != 1:
+            raise UserError("RAG decoding takes one checkpoint, not an ensemble", fix="pass a single --path")
+        model = models[0]
+        if getattr(args, "score_reference", False):
+            return RagScorer(model)
+        if model.variant == "token":
+            return RagTokenGenerator(self, model, args, extra_gen_cls_kwargs)
+        return RagSequenceGenerator(self, model, args, self.cfg.rag_decoding, extra_gen_cls_kwargs)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        from rag_plugin.generation import provenance
+
+        with torch.no_grad():
+            hypos = generator.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
+        ids = sample["id"].tolist()
+        store = self.knowledge.passages
+        lines = provenance.z_lines(ids, rows, doc_lp, store)
+        if lines:
+            stream = provenance.output_stream()
+            stream.write("\n".join(lines) + "\n")
+        if self.cfg.provenance_out:
+            provenance.append_jsonl(self.cfg.provenance_out, provenance.provenance_records(ids, rows, doc_lp, store))
+        if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
+            provenance.append_jsonl(self.cfg.doc_posterior_out, provenance.token_doc_posteriors(
+                models[0], sample, hypos, rows, doc_lp, self.tokenizer, store))
+        return hypos
+
+    def build_bpe(self, args):
+        """Pieces <-> text with the knowledge source's tokenizer (D lines come out as text)."""
+        return _PieceCodec(self.tokenizer)
+
+    def build_tokenizer(self, args):
+        return None
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None, **kwargs):
+        """fairseq-interactive: questions arrive as generator tokens; recover the text once."""
+        questions = []
+        for tokens in src_tokens:
+            ids = [int(t) for t in tokens if int(t) not in (self.dictionary.eos(), self.dictionary.pad())]
+            text = self.tokenizer.decode(ids)
+            if not text.strip():
+                logger.warning("empty question: answering it without retrieval cues")
+            questions.append(text)
+        return self.build_dataset(questions)
+
     # ------------------------------------------------------------------ model
     def build_model(self, cfg, from_checkpoint=False):
         from fairseq import models
 
         return models.build_model(cfg, self, from_checkpoint)
+
+
+class _PieceCodec:
+    """fairseq's BPE interface over the generator tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, x: str) -> str:
+        return " ".join(self.tokenizer.pieces(x))
+
+    def decode(self, x: str) -> str:
+        index = self.tokenizer.index
+        ids = [index.get(p, 3) for p in x.split()]
+        return self.tokenizer.decode(ids)
+
+    def is_beginning_of_word(self, x: str) -> bool:
+        return x.startswith("\u2581")
 
 
 class _StoreOnly:

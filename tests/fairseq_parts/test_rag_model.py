@@ -39,7 +39,7 @@ def _per_doc_token_lp(model, sample, rows):
     target = sample["target"]
     for k in range(rows.size(1)):
         ni = dict(sample["net_input"])
-        logits, _ = model(question_tokens=ni["question_tokens"], prev_output_tokens=ni["prev_output_tokens"],
+        logits, _ = model(src_tokens=ni["src_tokens"], prev_output_tokens=ni["prev_output_tokens"],
                           fixed_doc_rows=rows[:, k:k + 1], fixed_doc_scores=torch.zeros(rows.size(0), 1), n_docs=1)
         lp = torch.log_softmax(logits.double(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
         out.append(lp)
@@ -82,7 +82,7 @@ def test_k1_reduces_to_plain_seq2seq_nll(tiny_world):
             _, extra = model(**sample["net_input"])
             rows = extra["doc_rows"]
             store = task.knowledge.passages
-            questions = [q[q.ne(1)].numpy() for q in sample["net_input"]["question_tokens"]]
+            questions = [q[q.ne(1)].numpy() for q in sample["net_input"]["src_tokens"]]
             docs = [[(store.title_tokens(int(r)), store.text_tokens(int(r)))] for r in rows[:, 0]]
             src, lengths = input_format.batch_inputs(questions, docs, 0, 2, 1, model.cfg.max_source_positions)
             logits, _ = model.generator(src, lengths, sample["net_input"]["prev_output_tokens"])
@@ -139,7 +139,7 @@ def test_closed_book_has_no_retrieval(tiny_world):
     with torch.no_grad():
         loss, _, log = MarginalNLLCriterion(task)(model, sample, reduce=False)
         logits, _ = model.generator(*input_format.batch_inputs(
-            [q[q.ne(1)].numpy() for q in sample["net_input"]["question_tokens"]], None, 0, 2, 1, 256),
+            [q[q.ne(1)].numpy() for q in sample["net_input"]["src_tokens"]], None, 0, 2, 1, 256),
             sample["net_input"]["prev_output_tokens"])
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), sample["target"], ignore_index=1,
                                                 reduction="none").sum(1)

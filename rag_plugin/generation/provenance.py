@@ -1,0 +1,89 @@
+"""Provenance of generated answers: the retrieved documents, printed beside fairseq's lines.
+
+Line format (tab-separated), one per retrieved document, best first::
+
+    Z-<sample id>\t<rank>\t<p(z|x)>\t<passage id>\t<title>
+
+and, optionally, JSON lines with the same facts (``--provenance-out``) and RAG-Token's
+per-token document posterior (``--doc-posterior-out``; the paper's Figure 2).
+"""
+import json
+import sys
+from typing import IO, List, Optional
+
+import torch
+
+from rag_plugin import marginalization as M
+from rag_plugin.generation.adapters import teacher_forced_token_lp
+
+
+def output_stream(depth: int = 2) -> IO:
+    """The stream fairseq-generate prints its S/T/H/D/P lines to (else stdout).
+
+    fairseq-generate's loop keeps it in a local ``output_file`` (stdout, or the file under
+    ``--results-path``); provenance lines go to the same place.
+    """
+    frame = sys._getframe(depth)
+    while frame is not None:
+        stream = frame.f_locals.get("output_file")
+        if stream is not None and hasattr(stream, "write"):
+            return stream
+        frame = frame.f_back
+    return sys.stdout
+
+
+def z_lines(sample_ids: List[int], rows: Optional[torch.Tensor], doc_lp: Optional[torch.Tensor], store) -> List[str]:
+    if rows is None or doc_lp is None:
+        return []
+    lines = []
+    probs = doc_lp.exp().cpu()
+    for i, sid in enumerate(sample_ids):
+        order = torch.argsort(probs[i], descending=True)
+        for rank, k in enumerate(order.tolist()):
+            row = int(rows[i, k])
+            title = store.title(row).replace("\t", " ").replace("\n", " ")
+            lines.append(f"Z-{sid}\t{rank}\t{float(probs[i, k]):.6f}\t{store.id(row)}\t{title}")
+    return lines
+
+
+def provenance_records(sample_ids, rows, doc_lp, store) -> List[dict]:
+    out = []
+    if rows is None:
+        return [{"sample_id": sid, "provenance": []} for sid in sample_ids]
+    probs = doc_lp.exp().cpu()
+    for i, sid in enumerate(sample_ids):
+        order = torch.argsort(probs[i], descending=True).tolist()
+        out.append({"sample_id": sid, "provenance": [
+            {"rank": r, "id": store.id(int(rows[i, k])), "title": store.title(int(rows[i, k])),
+             "p": round(float(probs[i, k]), 6)} for r, k in enumerate(order)]})
+    return out
+
+
+@torch.inference_mode()
+def token_doc_posteriors(rag, sample, hypos, rows, doc_lp, tokenizer, store) -> List[dict]:
+    """p(z | x, y_t, y<t) for each token of each sample's best hypothesis (RAG-Token), [K x T]."""
+    ni = sample["net_input"]
+    encoder_out, _, _ = rag.encode(ni["src_tokens"], ni.get("query_tokens"), ni.get("query_mask"),
+                                   ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"))
+    b, k = doc_lp.shape
+    best = [h[0]["tokens"].cpu() for h in hypos]
+    pair_rows = torch.arange(b * k)
+    targets = [best[i] for i in range(b) for _ in range(k)]
+    lp = teacher_forced_token_lp(rag, encoder_out, pair_rows, targets).view(b, k, -1).cpu()
+    post = M.rag_token_doc_posterior(lp, doc_lp.cpu())
+    out = []
+    for i in range(b):
+        n = len(best[i])
+        pieces = [tokenizer.symbols[t] for t in best[i].tolist()]
+        out.append({"sample_id": int(sample["id"][i]), "tokens": pieces,
+                    "text": tokenizer.decode(best[i].tolist()),
+                    "docs": [{"id": store.id(int(rows[i, j])), "title": store.title(int(rows[i, j])),
+                              "prior": round(float(doc_lp[i, j].exp()), 6)} for j in range(k)],
+                    "posterior": [[round(float(v), 6) for v in post[i, j, :n]] for j in range(k)]})
+    return out
+
+
+def append_jsonl(path: str, records: List[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")

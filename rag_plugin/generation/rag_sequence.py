@@ -1,0 +1,112 @@
+"""RAG-Sequence decoding: a beam per document, then Thorough or Fast rescoring.
+
+For each question, beam search runs under each of its K documents (one batched search over
+B*K pair rows). The union of the K beams' hypotheses is the candidate set Y. Each candidate
+y is scored by the marginal ``log sum_z p(z|x) p(y|x,z)``:
+
+* Thorough: ``p(y|x,z)`` for every (y, z) by teacher forcing, in batched forward passes that
+  reuse the encoder outputs (no re-encoding, no re-retrieval, no per-question loop);
+* Fast: ``p(y|x,z)`` from the beams where y was found, 0 where it was not.
+
+Scores are normalised by ``len(y) ** lenpen`` like fairseq's (``--unnormalized`` to not).
+"""
+from typing import Dict, List, Tuple
+
+import torch
+from fairseq.tasks import FairseqTask
+
+from rag_plugin import marginalization as M
+from rag_plugin.generation.adapters import ordinary_tensors, PerDocumentSearchModel, teacher_forced_token_lp
+
+DECODINGS = ("thorough", "fast")
+
+
+class RagSequenceGenerator:
+    variant = "sequence"
+
+    def __init__(self, task, rag, args, decoding: str = "thorough", extra_gen_cls_kwargs=None):
+        if decoding not in DECODINGS:
+            raise ValueError(f"unknown RAG-Sequence decoding {decoding!r}")
+        self.rag = rag
+        self.decoding = decoding
+        self.search_model = PerDocumentSearchModel(rag)
+        self.search = FairseqTask.build_generator(task, [self.search_model], args,
+                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs)
+        self.lenpen = float(getattr(args, "lenpen", 1.0))
+        self.normalize = not getattr(args, "unnormalized", False)
+        self.nbest = int(getattr(args, "nbest", 1))
+        self.symbols_to_strip_from_output = {rag.bos, rag.eos}
+        self.last_retrieval = {}
+
+    def cuda(self):
+        self.search.cuda()
+        return self
+
+    def generate(self, models, sample, prefix_tokens=None, **kwargs):
+        with torch.inference_mode():
+            hypos = self._generate(models, sample, prefix_tokens=prefix_tokens)
+        return ordinary_tensors(hypos)
+
+    def _generate(self, models, sample, prefix_tokens=None):
+        ni = sample["net_input"]
+        encoder_out, doc_scores, rows = self.rag.encode(ni["src_tokens"], ni.get("query_tokens"), ni.get("query_mask"),
+                                                        ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"))
+        doc_lp = M.doc_log_prior(doc_scores.float())                              # [B, K]
+        self.last_retrieval = {"rows": rows, "doc_lp": doc_lp}
+        b, k = doc_lp.shape
+        self.search_model.encoder.cached = encoder_out
+        pair_sample = {"net_input": {"src_tokens": ni["src_tokens"].repeat_interleave(k, dim=0)}}
+        if prefix_tokens is not None:
+            prefix_tokens = prefix_tokens.repeat_interleave(k, dim=0)
+        beams = self.search.generate([self.search_model], pair_sample, prefix_tokens=prefix_tokens)
+        self.search_model.encoder.cached = None
+        owner, cand_tokens, found = self._union(beams, b, k)
+        token_lp = self._score(encoder_out, owner, cand_tokens, found, k)          # [C, K, T]
+        positional = M.rag_sequence_positional_scores(token_lp, doc_lp[owner])      # [C, T]
+        return self._rank(owner, cand_tokens, positional, b)
+
+    @staticmethod
+    def _union(beams, b: int, k: int):
+        """Deduplicated candidates per question: owner question [C], tokens, and where found."""
+        owner: List[int] = []
+        tokens: List[torch.Tensor] = []
+        found: Dict[Tuple[int, int], torch.Tensor] = {}   # (candidate, doc) -> positional scores
+        for q in range(b):
+            index: Dict[Tuple[int, ...], int] = {}
+            for d in range(k):
+                for hypo in beams[q * k + d]:
+                    key = tuple(hypo["tokens"].tolist())
+                    if key not in index:
+                        index[key] = len(owner)
+                        owner.append(q)
+                        tokens.append(hypo["tokens"].cpu())
+                    found[(index[key], d)] = hypo["positional_scores"].float().cpu()
+        return torch.tensor(owner, dtype=torch.long), tokens, found
+
+    def _score(self, encoder_out, owner, tokens, found, k: int) -> torch.Tensor:
+        c = len(tokens)
+        t = max(len(x) for x in tokens)
+        if self.decoding == "fast":
+            token_lp = torch.full((c, k, t), float("-inf"))
+            for (ci, d), scores in found.items():
+                token_lp[ci, d] = 0.0
+                token_lp[ci, d, : len(scores)] = scores
+            return token_lp
+        pair_rows = (owner.unsqueeze(1) * k + torch.arange(k)).view(-1)            # [C*K]
+        targets = [y for y in tokens for _ in range(k)]
+        device = encoder_out["encoder_out"][0].device
+        lp = teacher_forced_token_lp(self.rag, encoder_out, pair_rows.to(device), targets)
+        return lp.view(c, k, -1)[..., :t].cpu()
+
+    def _rank(self, owner, tokens, positional, b: int):
+        results: List[List[dict]] = [[] for _ in range(b)]
+        for ci, y in enumerate(tokens):
+            pos = positional[ci, : len(y)]
+            total = float(pos.sum())
+            score = total / (len(y) ** self.lenpen) if self.normalize else total
+            results[int(owner[ci])].append({"tokens": y, "score": torch.tensor(score), "positional_scores": pos,
+                                            "alignment": torch.empty(0), "attention": None})
+        for hyps in results:
+            hyps.sort(key=lambda h: -float(h["score"]))
+            del hyps[self.nbest:]
+        return results

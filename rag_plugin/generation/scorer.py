@@ -1,0 +1,48 @@
+"""Teacher-forced scores of given targets (``fairseq-generate --score-reference``).
+
+Per-token scores are the model's own decomposition of log p(y|x): the RAG-Token
+transition for ``rag_token``; the chain rule of the RAG-Sequence marginal for ``rag_seq``
+(see :func:`rag_plugin.marginalization.rag_sequence_positional_scores`). The score is their
+sum divided by the length, as fairseq's SequenceScorer reports it.
+"""
+import torch
+
+from rag_plugin import marginalization as M
+from rag_plugin.generation.adapters import ordinary_tensors
+
+
+class RagScorer:
+    def __init__(self, rag):
+        self.rag = rag
+        self.symbols_to_strip_from_output = {rag.bos, rag.eos}
+        self.last_retrieval = {}
+
+    def cuda(self):
+        return self
+
+    def generate(self, models, sample, **kwargs):
+        with torch.inference_mode():
+            hypos = self._generate(models, sample, **kwargs)
+        return ordinary_tensors(hypos)
+
+    def _generate(self, models, sample, **kwargs):
+        rag = self.rag
+        logits, extra = rag(**sample["net_input"])
+        doc_lp = M.doc_log_prior(extra["doc_scores"].float())
+        b, k = doc_lp.shape
+        target = sample["target"]
+        lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, logits.size(1), -1)
+        mask = target.ne(rag.pad)
+        token_lp = M.target_token_log_probs(lprobs, target).masked_fill(~mask.unsqueeze(1), 0.0)
+        if rag.variant == "sequence":
+            positional = M.rag_sequence_positional_scores(token_lp, doc_lp)
+        else:
+            positional = M.rag_token_positional_scores(token_lp, doc_lp)
+        self.last_retrieval = {"rows": extra["doc_rows"], "doc_lp": doc_lp}
+        hypos = []
+        for i in range(b):
+            n = int(mask[i].sum())
+            pos = positional[i, :n]
+            hypos.append([{"tokens": target[i, :n], "score": pos.sum() / max(n, 1), "positional_scores": pos,
+                           "alignment": None, "attention": None}])
+        return hypos

@@ -1,0 +1,201 @@
+"""rag_plugin.evaluation.metrics: hand-computed cases and agreement with sacrebleu / rouge-score."""
+import math
+import random
+
+import pytest
+import sacrebleu
+from rouge_score import rouge_scorer
+
+from rag_plugin.evaluation import metrics as M
+
+
+# ------------------------------------------------------------------ normalisation, EM, F1
+@pytest.mark.parametrize("raw, norm", [
+    ("The Eiffel Tower", "eiffel tower"),
+    ("  an   apple a day  ", "apple day"),
+    ("A.B.C.", "abc"),
+    ("Theater of the Absurd!", "theater of absurd"),  # "the" only as a whole word
+    ("Hello,\tWorld\n", "hello world"),
+    ("THE", ""),
+    ("rock'n'roll", "rocknroll"),
+    ("Anna and Theo", "anna and theo"),
+    ("café – bar", "café – bar"),  # non-ASCII punctuation stays (as SQuAD/KILT do)
+])
+def test_normalize_answer(raw, norm):
+    assert M.normalize_answer(raw) == norm
+
+
+def test_exact_match_max_over_aliases():
+    assert M.exact_match("the Big Apple", ["New York City", "big apple"]) == 1.0
+    assert M.exact_match("New York", ["New York City", "big apple"]) == 0.0
+    assert M.exact_match("Paris.", "paris") == 1.0
+    assert M.exact_match("a", ["the"]) == 1.0  # both normalise to ""
+    with pytest.raises(ValueError):
+        M.exact_match("x", [])
+
+
+def test_token_f1_hand_computed():
+    assert M.token_f1("the cat sat on mat", "a cat sat on the mat") == 1.0
+    assert M.token_f1("cat sat", "cat sat on mat") == pytest.approx(2 / 3)  # P=1, R=1/2
+    assert M.token_f1("cat cat", "cat") == pytest.approx(2 / 3)  # P=1/2, R=1
+    assert M.token_f1("dog", "cat") == 0.0
+    assert M.token_f1("the", "a") == 1.0
+    assert M.token_f1("", "paris") == 0.0
+    # max over aliases: 2/3 against "william shakespeare", 1 against "shakespeare"
+    assert M.token_f1("Shakespeare", ["William Shakespeare"]) == pytest.approx(2 / 3)
+    assert M.token_f1("Shakespeare", ["William Shakespeare", "shakespeare"]) == 1.0
+
+
+def test_per_example_and_mean():
+    scores = M.per_example(M.exact_match, ["a", "b"], [["a"], ["c"]])
+    assert scores == [1.0, 0.0]
+    assert M.mean(scores) == 0.5
+    with pytest.raises(ValueError):
+        M.per_example(M.exact_match, ["a"], [])
+    with pytest.raises(ValueError):
+        M.mean([])
+
+
+# ------------------------------------------------------------------ BLEU-1
+def _sacre_bleu1(preds, refs_streams):
+    bleu = sacrebleu.BLEU(max_ngram_order=1, smooth_method="none", lowercase=True)
+    return bleu.corpus_score(preds, refs_streams).score / 100
+
+
+def test_bleu1_hand_computed():
+    # 3 matches of 3 hypothesis tokens, reference 6 tokens: BP = exp(1 - 6/3)
+    assert M.bleu1(["the cat sat"], ["the cat sat on the mat"]) == pytest.approx(math.exp(-1))
+    # clipping: "the" counted at most once (its count in the reference)
+    assert M.bleu1(["the the the"], ["the cat"]) == pytest.approx(1 / 3)
+    # multi-reference clipping uses the largest count in any reference
+    assert M.bleu1(["the the cat"], [["the cat", "the the dog"]]) == pytest.approx(1.0)
+    assert M.bleu1(["Who WROTE Hamlet?"], ["who wrote hamlet ?"]) == 1.0  # lower-cased, 13a splits "?"
+    assert M.bleu1(["xyz"], ["abc"]) == 0.0
+    assert M.bleu1([""], ["abc"]) == 0.0
+
+
+def test_bleu1_matches_sacrebleu_random_corpus():
+    rng = random.Random(0)
+    words = "the a cat dog sat on mat hat who what Paris France wrote , . ?".split()
+    preds = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(60)]
+    refs1 = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(60)]
+    refs2 = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(60)]
+    assert M.bleu1(preds, refs1) == pytest.approx(_sacre_bleu1(preds, [refs1]), abs=1e-9)
+    assert M.bleu1(preds, [[a, b] for a, b in zip(refs1, refs2)]) == pytest.approx(
+        _sacre_bleu1(preds, [refs1, refs2]), abs=1e-9)
+
+
+def test_bleu1_case_option():
+    assert M.bleu1(["Paris"], ["paris"], lowercase=False) == 0.0
+    assert M.bleu1(["Paris"], ["paris"]) == 1.0
+
+
+# ------------------------------------------------------------------ corpus BLEU (sacrebleu)
+def test_sacrebleu_corpus_matches_sacrebleu():
+    preds = ["the cat sat on the mat", "a dog barked loudly at night"]
+    refs = ["the cat sat on a mat", "the dog barked at night"]
+    expected = sacrebleu.corpus_bleu(preds, [refs]).score / 100
+    assert M.sacrebleu_corpus(preds, refs) == pytest.approx(expected)
+    assert M.sacrebleu_corpus(preds, refs) > 0
+
+
+def test_sacrebleu_corpus_variable_reference_counts():
+    preds = ["the cat sat on the mat", "a dog barked loudly at night"]
+    refs = [["the cat sat on a mat", "a cat sat on the mat"], ["the dog barked at night"]]
+    expected = sacrebleu.corpus_bleu(preds, [["the cat sat on a mat", "the dog barked at night"],
+                                             ["a cat sat on the mat", None]]).score / 100
+    assert M.sacrebleu_corpus(preds, refs) == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ ROUGE-L
+def test_rouge_l_hand_computed():
+    # LCS("a b c d", "a c d e") = "a c d": P = R = 3/4
+    assert M.rouge_l(["a b c d"], ["a c d e"]) == pytest.approx(0.75)
+    # the stemmer makes "running dogs" match "run dog"
+    assert M.rouge_l(["running dogs"], ["run dog"]) == pytest.approx(1.0)
+    assert M.rouge_l(["x y"], ["a b"]) == 0.0
+
+
+def test_rouge_l_matches_rouge_score_with_max_over_references():
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    preds = ["the quick brown fox jumps", "paris is the capital of france"]
+    refs = [["a quick brown dog jumped", "the fox jumps"], ["france's capital is paris"]]
+    expected = [max(scorer.score(r, p)["rougeL"].fmeasure for r in rs) for p, rs in zip(preds, refs)]
+    assert M.rouge_l(preds, refs) == pytest.approx(sum(expected) / 2)
+    assert M.rouge_l_one(preds[0], refs[0]) == pytest.approx(expected[0])
+    assert M.rouge_l_one(preds[0], refs[0]) > scorer.score(refs[0][0], preds[0])["rougeL"].fmeasure
+
+
+# ------------------------------------------------------------------ FEVER
+def test_label_accuracy_three_and_two_way():
+    golds = ["SUPPORTS", "REFUTES", "NOT ENOUGH INFO", "SUPPORTS"]
+    preds = ["supports", "SUPPORTS", "not_enough_info", "NOT ENOUGH INFO"]
+    assert M.label_accuracy(preds, golds) == pytest.approx(2 / 4)
+    # 2-way: the NEI claim is dropped; an NEI prediction on a SUPPORTS claim is wrong
+    assert M.label_accuracy(preds, golds, two_way=True) == pytest.approx(1 / 3)
+    assert M.label_accuracy(["nei"], ["NOT ENOUGH INFO"]) == 1.0
+    assert M.label_accuracy(["garbage"], ["SUPPORTS"]) == 0.0
+
+
+def test_label_accuracy_errors():
+    with pytest.raises(ValueError):
+        M.label_accuracy(["SUPPORTS"], ["MAYBE"])
+    with pytest.raises(ValueError):
+        M.label_accuracy(["SUPPORTS"], ["NOT ENOUGH INFO"], two_way=True)
+    with pytest.raises(ValueError):
+        M.label_accuracy([], [])
+
+
+# ------------------------------------------------------------------ distinct n-grams
+def test_distinct_ngram_ratio():
+    # tri-grams: (a b c) (b c d) | (a b c)  -> 2 distinct of 3
+    assert M.distinct_ngram_ratio(["a b c d", "A B C"]) == pytest.approx(2 / 3)
+    assert M.distinct_ngram_ratio(["a a a a"], n=1) == pytest.approx(1 / 4)
+    assert M.distinct_ngram_ratio(["a b", "c"]) == 0.0  # no tri-gram at all
+    assert M.distinct_ngram_ratio(["x y z", "x y"], n=2) == pytest.approx(2 / 3)  # (x y) (y z) (x y)
+    with pytest.raises(ValueError):
+        M.distinct_ngram_ratio([])
+
+
+# ------------------------------------------------------------------ retrieval
+def test_retrieval_single_evidence_set_hand_example():
+    gold = ["a", "b"]
+    retrieved = ["x", "a", "y", "b", "z"]
+    # KILT ranking: x=miss, {a,b} completes at b's position; points: [x, y, {a,b}, z]
+    assert M.r_precision(retrieved, gold) == pytest.approx(1 / 2)  # top-2 = x, a
+    assert M.recall_at_k(retrieved, gold, 2) == 0.0
+    assert M.recall_at_k(retrieved, gold, 3) == 1.0
+    assert M.precision_at_k(retrieved, gold, 3) == pytest.approx(1 / 3)
+    assert M.precision_at_k(retrieved, gold, 1) == 0.0
+
+
+def test_retrieval_alternative_evidence_sets():
+    gold = [["a"], ["b", "c"]]
+    retrieved = ["c", "x", "b"]
+    assert M.r_precision(retrieved, gold) == pytest.approx(1 / 2)  # best set {b, c}: top-2 = c, x
+    assert M.recall_at_k(retrieved, gold, 1) == 0.0
+    assert M.recall_at_k(retrieved, gold, 2) == pytest.approx(1 / 2)  # points: [x, {b,c}]
+    assert M.precision_at_k(retrieved, gold, 2) == pytest.approx(1 / 2)
+    assert M.recall_at_k(["a", "b", "c"], gold, 3) == 1.0
+
+
+def test_retrieval_singletons_and_edge_cases():
+    assert M.recall_at_k(["p1", "p2", "p3"], [["p2"], ["p9"]], 2) == pytest.approx(1 / 2)
+    assert M.r_precision(["p1", "p1", "p2"], ["p1", "p2"]) == 1.0  # duplicates dropped for R-prec
+    assert M.r_precision([], ["p1"]) == 0.0
+    assert M.recall_at_k([], ["p1"], 5) == 0.0
+    assert M.r_precision(["p1"], []) == 0.0  # no gold provenance
+    assert M.evidence_sets([["a", "b"], ["b", "a"], []]) == [frozenset({"a", "b"})]
+    with pytest.raises(ValueError):
+        M.recall_at_k(["a"], ["a"], 0)
+
+
+def test_answer_in_top_k():
+    texts = ["Lyon is a city.", "The capital of France is Paris.", None]
+    assert M.answer_in_top_k(texts, ["Paris"], 1) == 0.0
+    assert M.answer_in_top_k(texts, ["Paris"], 2) == 1.0
+    assert M.answer_in_top_k(texts, ["the city of Lyon", "LYON"], 1) == 1.0
+    assert M.answer_in_top_k(["a comparison"], ["paris"], 5) == 0.0  # whole tokens only
+    assert M.answer_in_top_k(["the capital: paris, france"], ["Paris, France"], 1) == 1.0
+    assert M.answer_in_top_k(["anything"], ["The"], 1) == 0.0  # empty alias ignored
+    assert M.answer_in_top_k([], ["Paris"], 3) == 0.0
