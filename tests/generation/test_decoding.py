@@ -1,0 +1,171 @@
+"""Decoding checks: beam scores equal teacher-forced scores, Thorough >= Fast, K=1 is BART."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq.dataclass.configs import GenerationConfig
+
+import rag_plugin
+
+rag_plugin.register()
+
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+from rag_plugin import input_format  # noqa: E402
+from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
+from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
+
+
+def _setup(world, cls, n_docs=3, decoding="thorough", seed=3):
+    cfg = RetrievalAugmentedConfig(data=str(world["data"]), knowledge=str(world["ks"]), n_docs=n_docs,
+                                   rag_decoding=decoding)
+    task = RetrievalAugmentedTask.setup_task(cfg)
+    task.load_dataset("test")
+    torch.manual_seed(seed)
+    model = cls.build_model(RagConfig(generator_size="tiny", dropout=0.0), task).eval()
+    ds = task.datasets["test"]
+    sample = ds.collater([ds[i] for i in range(len(ds))])
+    return task, model, sample
+
+
+def _gen(task, model, sample, **kw):
+    args = GenerationConfig(max_len_a=0, max_len_b=6, **kw)
+    return task.build_generator([model], args).generate([model], sample)
+
+
+def _teacher_forced(task, model, sample, hypos):
+    """Score each sample's best hypothesis with --score-reference machinery."""
+    forced = dict(sample)
+    targets = [h[0]["tokens"] for h in hypos]
+    width = max(len(t) for t in targets)
+    target = torch.full((len(targets), width), 1, dtype=torch.long)
+    prev = torch.full_like(target, 1)
+    for i, t in enumerate(targets):
+        target[i, : len(t)] = t
+        prev[i, 0] = 2
+        prev[i, 1: len(t)] = t[:-1]
+    forced["target"] = target
+    forced["net_input"] = dict(sample["net_input"], prev_output_tokens=prev)
+    return task.build_generator([model], GenerationConfig(score_reference=True)).generate([model], forced)
+
+
+@pytest.mark.parametrize("cls, decoding", [(RagTokenModel, "thorough"), (RagSequenceModel, "thorough")])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_beam_score_equals_teacher_forced_score(tiny_world, cls, decoding, beam):
+    task, model, sample = _setup(tiny_world, cls, decoding=decoding)
+    hypos = _gen(task, model, sample, beam=beam)
+    forced = _teacher_forced(task, model, sample, hypos)
+    for h, f in zip(hypos, forced):
+        assert torch.equal(h[0]["tokens"], f[0]["tokens"])
+        assert float(h[0]["score"]) == pytest.approx(float(f[0]["score"]), abs=1e-4)
+        torch.testing.assert_close(h[0]["positional_scores"], f[0]["positional_scores"], atol=1e-4, rtol=1e-4)
+
+
+def test_thorough_never_below_fast(tiny_world):
+    for seed in (3, 4, 5):
+        task, model, sample = _setup(tiny_world, RagSequenceModel, decoding="thorough", seed=seed)
+        thorough = _gen(task, model, sample, beam=3)
+        task.cfg.rag_decoding = "fast"
+        fast = _gen(task, model, sample, beam=3)
+        t_true = _teacher_forced(task, model, sample, thorough)
+        f_true = _teacher_forced(task, model, sample, fast)
+        for t, f in zip(t_true, f_true):
+            assert float(t[0]["score"]) >= float(f[0]["score"]) - 1e-5
+
+
+def test_k1_all_decodings_reduce_to_bart_beam_search(tiny_world):
+    results = []
+    for cls, decoding in ((RagTokenModel, "thorough"), (RagSequenceModel, "thorough"), (RagSequenceModel, "fast")):
+        task, model, sample = _setup(tiny_world, cls, n_docs=1, decoding=decoding, seed=7)
+        results.append(_gen(task, model, sample, beam=4))
+    # plain BART beam search on the concatenated (question, top document) input
+    _, extra = model(**sample["net_input"])
+    store = task.knowledge.passages
+    questions = [q[q.ne(1)].numpy() for q in sample["net_input"]["src_tokens"]]
+    docs = [[(store.title_tokens(int(r)), store.text_tokens(int(r)))] for r in extra["doc_rows"][:, 0]]
+    src, lengths = input_format.batch_inputs(questions, docs, 0, 2, 1, 256)
+    bart = SequenceGenerator([model.generator], task.dictionary, beam_size=4, max_len_a=0, max_len_b=6)
+    plain = bart.generate([model.generator], {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    for i in range(len(plain)):
+        for res in results:
+            assert res[i][0]["tokens"].tolist() == plain[i][0]["tokens"].tolist()
+            assert float(res[i][0]["score"]) == pytest.approx(float(plain[i][0]["score"]), abs=1e-4)
+
+
+def _train_tiny(world, tmp: Path, arch: str) -> Path:
+    save = tmp / arch
+    cmd = [str(Path(sys.executable).parent / "fairseq-train"), str(world["data"]), "--user-dir", "rag_plugin",
+           "--task", "retrieval_augmented", "--knowledge", str(world["ks"]), "--arch", arch,
+           "--criterion", "marginal_nll", "--n-docs", "3", "--optimizer", "adam", "--lr", "1e-3",
+           "--batch-size", "8", "--max-update", "2", "--save-dir", str(save), "--cpu", "--num-workers", "0",
+           "--no-progress-bar", "--no-epoch-checkpoints", "--disable-validation"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=rag_plugin.__path__[0] + "/..", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return save / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_world, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gen")
+    return {arch: _train_tiny(tiny_world, tmp, arch) for arch in ("rag_token_tiny", "rag_seq_tiny")}
+
+
+def _generate_cli(world, ckpt, *extra, data=None, knowledge=None):
+    cmd = [str(Path(sys.executable).parent / "fairseq-generate"), str(data or world["data"]), "--user-dir", "rag_plugin",
+           "--task", "retrieval_augmented", "--knowledge", str(knowledge or world["ks"]), "--path", str(ckpt),
+           "--gen-subset", "test", "--batch-size", "2", "--max-len-b", "5", "--cpu", "--num-workers", "0",
+           "--n-docs", "3", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=rag_plugin.__path__[0] + "/..", timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, extra", [("rag_token_tiny", ["--beam", "4"]), ("rag_token_tiny", ["--beam", "1"]),
+                                         ("rag_seq_tiny", ["--beam", "2", "--rag-decoding", "thorough"]),
+                                         ("rag_seq_tiny", ["--beam", "2", "--rag-decoding", "fast"])])
+def test_fairseq_generate_answers_every_line_with_provenance(tiny_world, trained, tmp_path, arch, extra):
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = (tiny_world["data"] / "test.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["id"], rec["input"] = "empty", "   "
+    lines.append(json.dumps(rec))  # an empty question still gets an answer line
+    (data / "test.jsonl").write_text("\n".join(lines) + "\n")
+    r = _generate_cli(tiny_world, trained[arch], *extra, "--provenance-out", str(tmp_path / "prov.jsonl"), data=data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.splitlines()
+    n = len(lines)
+    assert sorted(int(l.split("\t")[0][2:]) for l in out if l.startswith("H-")) == list(range(n))
+    assert sorted(int(l.split("\t")[0][2:]) for l in out if l.startswith("D-")) == list(range(n))
+    z = [l.split("\t") for l in out if l.startswith("Z-")]
+    assert len(z) == 3 * n
+    assert all(abs(sum(float(x[2]) for x in z if x[0] == f"Z-{i}") - 1) < 1e-3 for i in range(n))
+    prov = [json.loads(l) for l in (tmp_path / "prov.jsonl").read_text().splitlines()]
+    assert sorted(p["sample_id"] for p in prov) == list(range(n))
+
+
+@pytest.mark.slow
+def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
+    post = tmp_path / "post.jsonl"
+    r = _generate_cli(tiny_world, trained["rag_token_tiny"], "--beam", "2", "--doc-posterior-out", str(post))
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(l) for l in post.read_text().splitlines()]
+    assert len(recs) == 5
+    for rec in recs:
+        cols = list(zip(*rec["posterior"]))
+        assert len(cols) == len(rec["tokens"]) and all(abs(sum(c) - 1) < 1e-4 for c in cols)
+    # another knowledge source with a different document encoder: refused in one line
+    from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+
+    other = tmp_path / "other_ks"
+    build_knowledge_source(str(other), BuildSettings(
+        passages=str(tiny_world["root"] / "passages.jsonl"), encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=9",
+        dict=str(tiny_world["root"] / "dict.txt"), bpe_model=str(tiny_world["root"] / "spm.model")),
+        progress=False, log=lambda m: None)
+    r = _generate_cli(tiny_world, trained["rag_token_tiny"], knowledge=other)
+    assert r.returncode == 2
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and "does not match the document encoder" in err[0] and "Traceback" not in r.stderr
