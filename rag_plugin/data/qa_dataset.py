@@ -61,7 +61,8 @@ class RetrievalQADataset(FairseqDataset):
         if not samples:
             return {}
         ids = torch.tensor([s["id"] for s in samples], dtype=torch.long)
-        net_input = {"src_tokens": self._pad([s["question"] for s in samples], self.pad)}
+        net_input = {"src_tokens": self._pad([s["question"] for s in samples], self.pad),
+                     "src_lengths": torch.tensor([len(s["question"]) for s in samples], dtype=torch.long)}
         if self.query_tokens is not None:
             query = self._pad([s["query"] for s in samples], self.query_pad)
             mask = torch.zeros_like(query, dtype=torch.bool)

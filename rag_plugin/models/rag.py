@@ -163,7 +163,7 @@ class RagModel(BaseFairseqModel):
 
     # ------------------------------------------------------------------ forward
     def forward(self, src_tokens, prev_output_tokens, query_tokens=None, query_mask=None,
-                fixed_doc_rows=None, fixed_doc_scores=None, n_docs: Optional[int] = None):
+                fixed_doc_rows=None, fixed_doc_scores=None, n_docs: Optional[int] = None, src_lengths=None):
         """Teacher-forced logits for every (question, document) pair.
 
         Returns ``(logits [B*K, T, V], extra)`` with ``extra["doc_scores"]`` [B, K] and

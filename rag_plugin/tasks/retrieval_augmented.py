@@ -216,6 +216,8 @@ class RetrievalAugmentedTask(FairseqTask):
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         from rag_plugin.generation import provenance
 
+        if "id" not in sample:  # fairseq-interactive keeps only src_tokens: rebuild the retrieval inputs
+            sample = self._interactive_sample(sample)
         with torch.no_grad():
             hypos = generator.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
         rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
@@ -231,6 +233,14 @@ class RetrievalAugmentedTask(FairseqTask):
             provenance.append_jsonl(self.cfg.doc_posterior_out, provenance.token_doc_posteriors(
                 models[0], sample, hypos, rows, doc_lp, self.tokenizer, store))
         return hypos
+
+    def _interactive_sample(self, sample):
+        src = sample["net_input"]["src_tokens"]
+        dataset = self.build_dataset_for_inference(src.cpu(), None)
+        rebuilt = dataset.collater([dataset[i] for i in range(len(dataset))])
+        rebuilt["net_input"]["src_tokens"] = src  # keep the tokens fairseq prints
+        rebuilt["net_input"] = {k: (v.to(src.device) if torch.is_tensor(v) else v) for k, v in rebuilt["net_input"].items()}
+        return rebuilt
 
     def build_bpe(self, args):
         """Pieces <-> text with the knowledge source's tokenizer (D lines come out as text)."""

@@ -1,0 +1,88 @@
+"""Python entry point: load a checkpoint with its knowledge source and answer questions.
+
+    from rag_plugin.hub import RAG
+    rag = RAG.from_pretrained("checkpoints/rag_token/checkpoint_best.pt")      # knowledge from the checkpoint
+    rag = RAG.from_pretrained(ckpt, knowledge="data/other_ks", n_docs=10)        # hot-swapped index
+    for r in rag.generate(["What is the capital of Burundi?"], beam=4):
+        print(r["answer"], r["provenance"][0]["title"], r["provenance"][0]["p"])
+
+In the manner of fairseq's hub interfaces; it drives the same task, model and generators as
+``fairseq-generate``.
+"""
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from rag_plugin.errors import UserError
+
+
+class RAG:
+    def __init__(self, task, model):
+        self.task = task
+        self.model = model.eval()
+
+    @classmethod
+    def from_pretrained(cls, checkpoint: str, knowledge: Optional[str] = None, n_docs: Optional[int] = None,
+                        rag_decoding: Optional[str] = None, retriever: Optional[str] = None) -> "RAG":
+        import rag_plugin
+
+        rag_plugin.register()
+        from fairseq import checkpoint_utils, tasks
+        from omegaconf import open_dict
+
+        if not Path(checkpoint).is_file():
+            raise UserError("checkpoint not found", path=checkpoint, fix="pass the path of a checkpoint*.pt")
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+        cfg = state["cfg"]
+        with open_dict(cfg):
+            if knowledge is not None:
+                cfg.task.knowledge = knowledge
+            if n_docs is not None:
+                cfg.task.n_docs = n_docs
+            if rag_decoding is not None:
+                cfg.task.rag_decoding = rag_decoding
+            if retriever is not None:
+                cfg.task.retriever = retriever
+        if not cfg.task.get("knowledge") or not Path(cfg.task.knowledge).is_dir():
+            raise UserError(f"the checkpoint's knowledge source {cfg.task.get('knowledge')!r} is not here",
+                            path=checkpoint, fix="pass knowledge=KS_DIR (a knowledge source with the same encoder)")
+        task = tasks.setup_task(cfg.task)
+        model = task.build_model(cfg.model)
+        model.load_state_dict(state["model"], strict=True)
+        return cls(task, model)
+
+    @property
+    def tokenizer(self):
+        return self.task.tokenizer
+
+    def generate(self, questions: Sequence[str], beam: int = 4, nbest: int = 1, max_len_b: int = 64,
+                 lenpen: float = 1.0, batch_size: int = 16, **generation) -> List[dict]:
+        """Answers with provenance: one dict per question (``nbest`` > 1 adds ``alternatives``)."""
+        from fairseq.dataclass.configs import GenerationConfig
+
+        args = GenerationConfig(beam=beam, nbest=nbest, max_len_a=0, max_len_b=max_len_b, lenpen=lenpen, **generation)
+        generator = self.task.build_generator([self.model], args)
+        store = self.task.knowledge.passages
+        results: List[dict] = []
+        questions = list(questions)
+        for start in range(0, len(questions), batch_size):
+            chunk = questions[start:start + batch_size]
+            dataset = self.task.build_dataset(chunk)
+            sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+            with torch.no_grad():
+                hypos = generator.generate([self.model], sample)
+            rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
+            for i, question in enumerate(chunk):
+                answers = [{"answer": self.tokenizer.decode([t for t in h["tokens"].tolist()]),
+                            "score": float(h["score"])} for h in hypos[i]]
+                provenance = []
+                if rows is not None:
+                    probs = doc_lp[i].exp()
+                    for k in torch.argsort(probs, descending=True).tolist():
+                        row = int(rows[i, k])
+                        provenance.append({"id": store.id(row), "title": store.title(row), "text": store.text(row),
+                                           "p": float(probs[k])})
+                results.append({"question": question, "answer": answers[0]["answer"], "score": answers[0]["score"],
+                                "alternatives": answers[1:], "provenance": provenance})
+        return results
