@@ -15,7 +15,8 @@ from rag_plugin.errors import cli_main
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--passages", required=True, help="DPR-layout .tsv (id, text, title) or .jsonl (id, title, text)")
+    p.add_argument("--passages", required=True, nargs="+",
+                   help="DPR-layout .tsv (id, text, title) or .jsonl (id, title, text) files, read as one collection")
     p.add_argument("--out", required=True, help="output directory (new, empty, or an unfinished build to resume)")
     p.add_argument("--encoder", default="minilm",
                    help="document encoder: minilm | dpr:CHECKPOINT | hf-dpr:DIR (default: minilm)")
@@ -48,7 +49,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads)
-    settings = BuildSettings(passages=args.passages, encoder=args.encoder, index_factory=args.index_factory,
+    passages = args.passages[0] if len(args.passages) == 1 else args.passages
+    settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
                              split_words=args.split_words, dict=args.dict, bpe_model=args.bpe_model,
                              gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
                              train_size=args.train_size, seed=args.seed)

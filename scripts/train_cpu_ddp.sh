@@ -14,11 +14,17 @@
 #   --cpu --distributed-init-method env:// --distributed-world-size $WORLD_SIZE
 #   --distributed-rank $RANK --distributed-no-spawn --distributed-backend gloo
 #   --ddp-backend legacy_ddp   (pytorch_ddp passes CUDA device_ids)
+#   --load-checkpoint-on-all-dp-ranks
+#       on resume every rank reads checkpoint_last.pt itself through fairseq's loader (safe
+#       loading, weights_only=True, with the plugin's allow-list). fairseq's default (rank 0
+#       loads and broadcasts the state) unpickles fairseq's _TensorPlaceholder on the other
+#       ranks, which safe loading refuses. So --save-dir must be visible to every rank: one
+#       machine, or a shared filesystem.
 # Only rank 0 logs at INFO level and writes checkpoints; rerun the same command to resume.
 #
 # Which fairseq-train: $FAIRSEQ_TRAIN if set (any executable taking fairseq-train's
-# arguments), else the one next to `python` on PATH, else this repository's .venv/bin,
-# else fairseq-train on PATH.
+# arguments), else the one next to the python running torchrun, else next to `python` on
+# PATH, else this repository's .venv/bin, else fairseq-train on PATH.
 set -euo pipefail
 
 if [[ -z "${WORLD_SIZE:-}" || -z "${RANK:-}" ]]; then
@@ -33,8 +39,15 @@ fi
 train="${FAIRSEQ_TRAIN:-}"
 if [[ -z "$train" ]]; then
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    # the python running torchrun (our parent): argv[0] of its command line, as launched
+    launcher=""
+    if [[ -r "/proc/$PPID/cmdline" ]]; then
+        launcher="$(tr '\0' '\n' < "/proc/$PPID/cmdline" | head -n 1 || true)"
+        [[ "$launcher" == */* ]] || launcher="$(command -v "$launcher" || true)"
+    fi
     py="$(command -v python || command -v python3 || true)"
-    for cand in ${py:+"$(dirname "$py")/fairseq-train"} "$here/../.venv/bin/fairseq-train" "$(command -v fairseq-train || true)"; do
+    for cand in ${launcher:+"$(dirname "$launcher")/fairseq-train"} ${py:+"$(dirname "$py")/fairseq-train"} \
+                "$here/../.venv/bin/fairseq-train" "$(command -v fairseq-train || true)"; do
         if [[ -n "$cand" && -x "$cand" ]]; then
             train="$cand"
             break
@@ -44,6 +57,10 @@ fi
 if [[ -z "$train" ]]; then
     echo "error: fairseq-train not found (activate the venv, or set FAIRSEQ_TRAIN=/path/to/fairseq-train)" >&2
     exit 2
+fi
+
+if [[ "$RANK" == 0 ]]; then
+    echo "train_cpu_ddp.sh: $WORLD_SIZE ranks, gloo, $train" >&2
 fi
 
 # torchrun sets OMP_NUM_THREADS=1 per process when it starts several; keep an explicit value.
@@ -56,4 +73,5 @@ exec "$train" "$@" \
     --distributed-rank "$RANK" \
     --distributed-no-spawn \
     --distributed-backend gloo \
-    --ddp-backend legacy_ddp
+    --ddp-backend legacy_ddp \
+    --load-checkpoint-on-all-dp-ranks

@@ -21,14 +21,14 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Union
 
 import numpy as np
 
 from rag_plugin.errors import UserError
 from rag_plugin.io_utils import atomic_path, atomic_write_json, sha256_file
 from rag_plugin.retrieval import index as faiss_index
-from rag_plugin.retrieval.passages import PassageStore, read_passages
+from rag_plugin.retrieval.passages import PassageStore, read_collection
 
 FORMAT = "rag_plugin.knowledge/1"
 MANIFEST = "manifest.json"
@@ -39,7 +39,7 @@ BUILD_DIR = ".build"
 class BuildSettings:
     """Everything that determines a knowledge source's content (a rerun must match)."""
 
-    passages: str
+    passages: Union[str, List[str]]   # one file, or several read in order as one collection
     encoder: str = "minilm"
     index_factory: str = "Flat"
     split_words: Optional[int] = None
@@ -52,13 +52,21 @@ class BuildSettings:
 
     def fingerprint(self) -> dict:
         out = asdict(self)
-        p = Path(self.passages)
-        out["passages"] = str(p.resolve())
-        out["passages_sha256"] = sha256_file(p)  # content, not mtime: a copied file still matches
+        if isinstance(self.passages, str):
+            p = Path(self.passages)
+            out["passages"] = str(p.resolve())
+            out["passages_sha256"] = sha256_file(p)  # content, not mtime: a copied file still matches
+        else:
+            out["passages"] = [str(Path(p).resolve()) for p in self.passages]
+            out["passages_sha256"] = [sha256_file(p) for p in self.passages]
         for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe"):
             if out[key]:
                 out[key] = str(Path(out[key]).resolve())
         return out
+
+
+def passage_files(settings: BuildSettings) -> List[str]:
+    return [settings.passages] if isinstance(settings.passages, str) else list(settings.passages)
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -211,9 +219,10 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     from rag_plugin.retrieval.tokenization import load_generator_tokenizer
 
     out = Path(out_dir)
-    if not Path(settings.passages).is_file():
-        raise UserError("passages file not found", path=settings.passages,
-                        fix="pass --passages with a .tsv (DPR layout) or .jsonl file")
+    for path in passage_files(settings):
+        if not Path(path).is_file():
+            raise UserError("passages file not found", path=path,
+                            fix="pass --passages with .tsv (DPR layout) or .jsonl files")
     fingerprint = settings.fingerprint()
     mode = _check_out_dir(out, fingerprint, restart)
     if mode == "done":
@@ -238,7 +247,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         store = PassageStore(str(store_dir))
         log(f"passage store: {len(store)} passages (already built)")
     else:
-        store = PassageStore.write(str(store_dir), read_passages(settings.passages, settings.split_words),
+        store = PassageStore.write(str(store_dir), read_collection(passage_files(settings), settings.split_words),
                                    tokenizer=tokenizer, source={"file": fingerprint["passages"],
                                                                 "split_words": settings.split_words},
                                    progress=progress)

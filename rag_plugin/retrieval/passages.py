@@ -144,6 +144,18 @@ def read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Pass
                         fix="point --passages at a non-empty collection")
 
 
+def read_collection(paths: Sequence[str], split_words: Optional[int] = None) -> Iterator[Passage]:
+    """Several passage files read in order as one collection (ids unique across all of them)."""
+    owner: Dict[str, str] = {}
+    for path in paths:
+        for passage in read_passages(path, split_words):
+            if passage.id in owner and owner[passage.id] != path:
+                raise UserError(f"passage id {passage.id!r} also appears in {owner[passage.id]}", path=path,
+                                fix="make passage ids unique across the files")
+            owner[passage.id] = path
+            yield passage
+
+
 # ---------------------------------------------------------------------------------- ragged arrays
 class _RaggedWriter:
     def __init__(self, directory: Path, name: str, dtype):

@@ -4,9 +4,9 @@ fairseq saves checkpoints on rank 0 only, so a test-only driver (written into tm
 wraps ``checkpoint_utils.save_checkpoint``, which every rank calls, to record each rank's
 parameter hash, and ``FairseqTask.train_step`` to record which examples each rank trained on;
 then it runs ``fairseq_cli.train.cli_main()`` unchanged. Both ranks must end with identical
-parameters, see different examples, and the loss must fall.
+parameters, see different examples, and the loss must fall; a rerun resumes on both ranks.
 
-Marked ``slow`` (about 25 s on 2 cores): ``pytest -m "not slow"`` skips it.
+Marked ``slow`` (about 40 s on 2 cores): ``pytest -m "not slow"`` skips it.
 """
 import json
 import os
@@ -14,7 +14,6 @@ import re
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -90,29 +89,36 @@ fairseq_cli.train.cli_main()
 '''
 
 
-def test_two_rank_cpu_training_keeps_ranks_identical(tiny_world, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
+def _torchrun(world, tmp_path, out, max_epoch):
     driver = tmp_path / "ddp_driver.py"
-    driver.write_text(DRIVER.format(python=sys.executable))
-    driver.chmod(driver.stat().st_mode | stat.S_IXUSR)
+    if not driver.exists():
+        driver.write_text(DRIVER.format(python=sys.executable))
+        driver.chmod(driver.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, RAG_DDP_TEST_OUT=str(out), FAIRSEQ_TRAIN=str(driver), OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT))
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
-           str(ROOT / "scripts" / "train_cpu_ddp.sh"), str(tiny_world["data"]),
+           str(ROOT / "scripts" / "train_cpu_ddp.sh"), str(world["data"]),
            "--user-dir", str(ROOT / "rag_plugin"), "--task", "retrieval_augmented",
-           "--knowledge", str(tiny_world["ks"]), "--arch", "rag_token_tiny", "--criterion", "marginal_nll",
-           "--n-docs", "3", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8", "--max-epoch", "2",
+           "--knowledge", str(world["ks"]), "--arch", "rag_token_tiny", "--criterion", "marginal_nll",
+           "--n-docs", "3", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8", "--max-epoch", str(max_epoch),
            "--seed", "1", "--save-dir", str(tmp_path / "ckpt"), "--no-epoch-checkpoints",
            "--num-workers", "0", "--no-progress-bar", "--log-interval", "1", "--log-format", "simple"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
+    records = [[json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    return log, records
+
+
+def test_two_rank_cpu_training_keeps_ranks_identical(tiny_world, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    log, records = _torchrun(tiny_world, tmp_path, out, max_epoch=2)
 
     # every rank hashed its parameters at every save (end of epochs 1 and 2)
     hashes = [(out / f"rank{r}.sha256").read_text().strip() for r in (0, 1)]
     assert len(hashes[0]) == 64 and hashes[0] == hashes[1]
-    records = [[json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
     assert len(records[0]) == len(records[1]) == 2
     for r0, r1 in zip(*records):
         assert r0["num_updates"] == r1["num_updates"] > 0
@@ -144,3 +150,13 @@ def test_two_rank_cpu_training_keeps_ranks_identical(tiny_world, tmp_path):
     assert len(losses) >= 4, log[-4000:]
     assert losses[-1] < losses[0]
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").is_file()
+
+    # rerun with one more epoch: both ranks resume from checkpoint_last.pt and stay identical
+    saved = first["num_updates"]
+    log2, records2 = _torchrun(tiny_world, tmp_path, out, max_epoch=3)
+    assert re.search(rf"Loaded checkpoint \S+checkpoint_last\.pt \(epoch 3 @ {saved} updates\)", log2), log2[-4000:]
+    updates = [int(x) for x in re.findall(r"train_inner \|.*?num_updates=(\d+)", log2)]
+    assert updates and updates[0] == saved + 1
+    r0, r1 = records2[0][-1], records2[1][-1]
+    assert r0["num_updates"] == r1["num_updates"] > saved
+    assert r0["hash"] == r1["hash"], "ranks diverged after resume"

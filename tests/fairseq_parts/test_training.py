@@ -1,5 +1,6 @@
 """fairseq-train end to end on the tiny world: resume, safe checkpoint loading, closed book,
 frozen query encoder, and one-line errors for bad input (subprocesses of the real CLI)."""
+import json
 import os
 import re
 import subprocess
@@ -192,8 +193,6 @@ def test_freeze_query_encoder(tiny_world, background, one_epoch):
 
 # ------------------------------------------------------------------------------------ (e) bad input
 def _jsonl(path, rows):
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
 
