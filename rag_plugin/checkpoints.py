@@ -28,8 +28,14 @@ def checkpoint_safe_globals() -> list:
 
 
 def allow_fairseq_checkpoints() -> None:
-    """Register the allow-list with torch (idempotent); fairseq's own loader then works."""
-    torch.serialization.add_safe_globals(checkpoint_safe_globals())
+    """Register the allow-list with torch (idempotent); fairseq's own loader then works.
+
+    On a distributed resume rank 0 broadcasts the checkpoint with fairseq's tensor
+    placeholders, which the other ranks unpickle: allowed too.
+    """
+    from fairseq.distributed.utils import _TensorPlaceholder
+
+    torch.serialization.add_safe_globals(checkpoint_safe_globals() + [_TensorPlaceholder])
 
 
 def safe_torch_load(path, map_location="cpu"):

@@ -55,13 +55,22 @@ def cli_main(func: Callable[..., Optional[int]]) -> Callable[..., int]:
     return wrapper
 
 
+def _is_refused_pickle(exc_type, exc) -> bool:
+    import pickle
+
+    return issubclass(exc_type, pickle.UnpicklingError) and "weights_only" in str(exc)
+
+
 def install_excepthook() -> None:
     """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        if issubclass(exc_type, UserError):
-            sys.stderr.write(f"error: {exc.render()}\n")
+        if issubclass(exc_type, UserError) or _is_refused_pickle(exc_type, exc):
+            message = exc.render() if isinstance(exc, UserError) else (
+                "a checkpoint refers to code that safe loading refuses (weights_only=True); it was not loaded "
+                "(only load checkpoints from sources you trust)")
+            sys.stderr.write(f"error: {message}\n")
             sys.stderr.flush()
             import os
 

@@ -14,12 +14,9 @@
 #   --cpu --distributed-init-method env:// --distributed-world-size $WORLD_SIZE
 #   --distributed-rank $RANK --distributed-no-spawn --distributed-backend gloo
 #   --ddp-backend legacy_ddp   (pytorch_ddp passes CUDA device_ids)
-#   --load-checkpoint-on-all-dp-ranks
-#       on resume every rank reads checkpoint_last.pt itself through fairseq's loader (safe
-#       loading, weights_only=True, with the plugin's allow-list). fairseq's default (rank 0
-#       loads and broadcasts the state) unpickles fairseq's _TensorPlaceholder on the other
-#       ranks, which safe loading refuses. So --save-dir must be visible to every rank: one
-#       machine, or a shared filesystem.
+# On resume rank 0 loads checkpoint_last.pt (safe loading, weights_only=True, with the
+# plugin's allow-list) and broadcasts it; the other ranks unpickle fairseq's tensor
+# placeholders, which the allow-list includes.
 # Only rank 0 logs at INFO level and writes checkpoints; rerun the same command to resume.
 #
 # Which fairseq-train: $FAIRSEQ_TRAIN if set (any executable taking fairseq-train's
@@ -73,5 +70,4 @@ exec "$train" "$@" \
     --distributed-rank "$RANK" \
     --distributed-no-spawn \
     --distributed-backend gloo \
-    --ddp-backend legacy_ddp \
-    --load-checkpoint-on-all-dp-ranks
+    --ddp-backend legacy_ddp

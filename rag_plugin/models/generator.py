@@ -26,13 +26,28 @@ GENERATOR_SIZES = {
 
 
 def build_bart(size: str, dictionary, max_source_positions: int, max_target_positions: int,
-               dropout: float, attention_dropout: float, activation_dropout: float):
-    """A fairseq ``BARTModel`` of the given size over ``dictionary`` (shared embeddings)."""
+               dropout: float, attention_dropout: float, activation_dropout: float, embed_dim: int = 0,
+               layers: int = 0, heads: int = 0, ffn_dim: int = 0):
+    """A fairseq ``BARTModel`` of the given size over ``dictionary`` (shared embeddings).
+
+    Non-zero ``embed_dim``/``layers`` (encoder and decoder each)/``heads``/``ffn_dim`` override
+    the size preset.
+    """
     from fairseq.models.bart.model import BARTModel, bart_large_architecture
 
     if size not in GENERATOR_SIZES:
         raise UserError(f"unknown generator size {size!r}", fix=f"use one of {sorted(GENERATOR_SIZES)}")
-    args = argparse.Namespace(**GENERATOR_SIZES[size], max_source_positions=max_source_positions,
+    dims = dict(GENERATOR_SIZES[size])
+    for keys, value in ((("encoder_embed_dim",), embed_dim), (("encoder_layers", "decoder_layers"), layers),
+                        (("encoder_attention_heads", "decoder_attention_heads"), heads),
+                        (("encoder_ffn_embed_dim",), ffn_dim)):
+        for key in keys:
+            if value:
+                dims[key] = value
+    if dims["encoder_embed_dim"] % dims["encoder_attention_heads"]:
+        raise UserError(f"generator dimension {dims['encoder_embed_dim']} is not divisible by "
+                        f"{dims['encoder_attention_heads']} heads", fix="change --generator-heads")
+    args = argparse.Namespace(**dims, max_source_positions=max_source_positions,
                               max_target_positions=max_target_positions, dropout=dropout,
                               attention_dropout=attention_dropout, activation_dropout=activation_dropout)
     bart_large_architecture(args)  # fills every other BART default

@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 class RagConfig(FairseqDataclass):
     generator_size: ChoiceEnum(["tiny", "base", "large"]) = field(
         default="tiny", metadata={"help": "generator sizes: tiny (3+3 layers, d=256), base (bart.base), large (bart.large)"})
+    generator_embed_dim: int = field(default=0, metadata={"help": "override the size preset's model dimension"})
+    generator_layers: int = field(default=0, metadata={"help": "override the preset's encoder and decoder layers"})
+    generator_heads: int = field(default=0, metadata={"help": "override the preset's attention heads"})
+    generator_ffn_dim: int = field(default=0, metadata={"help": "override the preset's feed-forward dimension"})
     generator_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "initialise the generator from a fairseq BART model.pt (bart.base / bart.large)"})
     query_encoder: str = field(
@@ -84,7 +88,8 @@ class RagModel(BaseFairseqModel):
         cfg = _as_config(cfg)
         dictionary = task.dictionary
         generator = build_bart(cfg.generator_size, dictionary, cfg.max_source_positions, cfg.max_target_positions,
-                               cfg.dropout, cfg.attention_dropout, cfg.activation_dropout)
+                               cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.generator_embed_dim,
+                               cfg.generator_layers, cfg.generator_heads, cfg.generator_ffn_dim)
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
         query_encoder = None
@@ -220,7 +225,7 @@ def _preset(size: str, positions: int):
         if getattr(cfg, "max_source_positions", None) is None:
             cfg.max_source_positions = positions
         if getattr(cfg, "max_target_positions", None) is None:
-            cfg.max_target_positions = min(positions, 256)
+            cfg.max_target_positions = positions  # bart.base/large checkpoints hold 1024 positions
     return arch
 
 

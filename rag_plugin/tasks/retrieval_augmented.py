@@ -189,8 +189,8 @@ class RetrievalAugmentedTask(FairseqTask):
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         # fairseq drops the last partial batch when required_batch_size_multiple > 1: never
-        # do that outside training (every valid/test example must be scored).
-        if dataset is not self.datasets.get("train") and "required_batch_size_multiple" in kwargs:
+        # (every valid/test example must be scored, and no training example silently skipped).
+        if "required_batch_size_multiple" in kwargs:
             kwargs["required_batch_size_multiple"] = 1
         return super().get_batch_iterator(dataset, *args, **kwargs)
 
