@@ -32,6 +32,9 @@ def parse_args(argv=None):
     p.add_argument("--shard-size", type=int, default=2048, help="passages per embedding shard (the unit of resume)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads (default: all CPUs)")
+    p.add_argument("--reuse-vectors-from", default=None, metavar="KS_DIR",
+                   help="copy the vectors of unchanged passages (same id, title, text) from an existing knowledge "
+                        "source with the same document encoder; embed only new or edited ones")
     p.add_argument("--restart", action="store_true", help="discard an unfinished build in --out and start over")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -55,7 +58,7 @@ def main(argv=None):
                              gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
                              train_size=args.train_size, seed=args.seed)
     build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
-                           restart=args.restart, progress=not args.quiet,
+                           restart=args.restart, progress=not args.quiet, reuse_vectors_from=args.reuse_vectors_from,
                            log=lambda m: print(m, file=sys.stderr))
 
 

@@ -39,7 +39,7 @@ from rag_plugin.errors import UserError
 from rag_plugin.data.vocab import make_readable
 from rag_plugin.io_utils import atomic_path, sha256_file
 
-FORMAT_VERSION = "rag_plugin.demo/1"
+FORMAT_VERSION = "rag_plugin.demo/2"  # 2: hot-swap test entities held out of every training split
 
 #: distribution name -> (import name, version this module was written against)
 PACKAGES = {
@@ -828,6 +828,14 @@ def build_records(seed: int = 0, config: DemoConfig = DemoConfig()) -> DemoData:
     hotswap, changed = _make_hotswap(ctx)
     datasets = {"nq_demo": _make_nq(ctx), "hotswap": hotswap, "jeopardy_demo": _make_jeopardy(ctx),
                 "fever_demo": _make_fever(ctx)}
+    # the hot-swap test asks about the changed facts with either index: no model may have seen
+    # those countries in training, whatever the task
+    held_out = {r["meta"]["entity"] for r in hotswap["test"]}
+    for name in ("nq_demo", "jeopardy_demo", "fever_demo"):
+        for split_name in SPLITS:
+            datasets[name][split_name] = [r for r in datasets[name][split_name]
+                                          if r.get("meta", {}).get("entity") not in held_out]
+    report["hotswap_entities_held_out"] = len(held_out)
     report["countries_joined"] = len(countries)
     report["usable_descriptions"] = len(ctx.good_desc)
     return DemoData(wiki=wiki, countries=countries, passages_ci=passages_ci, passages_gn=passages_gn,

@@ -47,6 +47,13 @@ class RagConfig(FairseqDataclass):
                                                "spec (dpr:CKPT, hf-dpr:DIR)"})
     freeze_query_encoder: bool = field(
         default=False, metadata={"help": "keep the query encoder fixed (the paper's 'Frozen' ablation)"})
+    freeze_query_embeddings: bool = field(
+        default=False, metadata={"help": "keep the query encoder's token embeddings fixed (train its layers only); "
+                                         "saves the dense gradient and Adam state of a 30k x d table on CPU"})
+    doc_score_scale: float = field(
+        default=0.0, metadata={"help": "p(z|x) = softmax(scale * q.d). 0 = automatic: 1 for DPR's unnormalised "
+                                       "inner products, 20 for L2-normalised encoders such as MiniLM (whose cosine "
+                                       "scores in [-1, 1] would otherwise give an almost uniform p(z|x))"})
     dropout: float = field(default=0.1, metadata={"help": "generator dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "generator attention dropout"})
     activation_dropout: float = field(default=0.0, metadata={"help": "generator activation dropout"})
@@ -81,6 +88,9 @@ class RagModel(BaseFairseqModel):
         if query_encoder is not None and cfg.freeze_query_encoder:
             for p in query_encoder.parameters():
                 p.requires_grad_(False)
+        if query_encoder is not None and cfg.freeze_query_embeddings:
+            query_encoder.bert_model.embeddings.word_embeddings.weight.requires_grad_(False)
+        self.doc_score_scale = cfg.doc_score_scale or 1.0  # the task sets the automatic value
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -135,7 +145,7 @@ class RagModel(BaseFairseqModel):
         found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs)
         rows = torch.from_numpy(found.rows)
         d = torch.from_numpy(self.retriever.doc_vectors(found.rows)).to(q)        # [B, K, D] frozen
-        scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1)                       # [B, K]
+        scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1) * self.doc_score_scale  # [B, K]
         return scores, rows
 
     def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]):

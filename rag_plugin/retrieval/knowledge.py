@@ -15,6 +15,7 @@ skips the finished ones. A half-built directory has no manifest and cannot be lo
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -61,6 +62,7 @@ class BuildSettings:
             out["passages_sha256"] = [sha256_file(p) for p in self.passages]
         for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe"):
             if out[key]:
+                out[key + "_sha256"] = sha256_file(out[key])
                 out[key] = str(Path(out[key]).resolve())
         return out
 
@@ -211,10 +213,44 @@ def _check_out_dir(out: Path, fingerprint: dict, restart: bool) -> str:
                     fix="choose a new or empty --out directory")
 
 
+def _passage_key(pid: str, title: str, text: str) -> bytes:
+    return hashlib.sha1(f"{pid}\0{title}\0{text}".encode("utf-8")).digest()
+
+
+class _VectorReuse:
+    """Vectors of unchanged passages (same id, title and text) from an existing knowledge source
+    embedded with the same document encoder: only new or edited passages are embedded."""
+
+    def __init__(self, directory: str, identity: dict):
+        self.ks = KnowledgeSource(directory)
+        self.ks.check_encoder(identity, what="the encoder of this build")
+        store = self.ks.passages
+        self.row_of = {_passage_key(store.id(r), store.title(r), store.text(r)): r for r in range(len(store))}
+        self.reused = 0
+
+    def split(self, keys):
+        """(positions found, their rows in the old source, positions to embed)."""
+        found, rows, missing = [], [], []
+        for i, key in enumerate(keys):
+            row = self.row_of.get(key)
+            if row is None:
+                missing.append(i)
+            else:
+                found.append(i)
+                rows.append(row)
+        self.reused += len(found)
+        return found, rows, missing
+
+
 def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                            shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
-                           progress: bool = True, log=print) -> KnowledgeSource:
-    """Build (or resume building) a knowledge source in ``out_dir``."""
+                           progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None
+                           ) -> KnowledgeSource:
+    """Build (or resume building) a knowledge source in ``out_dir``.
+
+    ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
+    vectors are copied for unchanged passages (an updated collection re-embeds only what changed).
+    """
     from rag_plugin.retrieval.encoders import load_encoder
     from rag_plugin.retrieval.tokenization import load_generator_tokenizer
 
@@ -259,6 +295,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     dim = int(encoder.dim)
     starts = list(range(0, n, shard_size))
     todo = [s for s in starts if not (shards / f"{s:012d}.npy").is_file()]
+    reuse = _VectorReuse(reuse_vectors_from, encoder.identity()) if reuse_vectors_from else None
     bar = None
     if progress:
         from tqdm import tqdm
@@ -269,8 +306,18 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         e = min(s + shard_size, n)
         titles = [store.title(r) for r in range(s, e)]
         texts = [store.text(r) for r in range(s, e)]
-        vecs = np.asarray(encoder.encode_passages(titles, texts, batch_size=batch_size, progress=False),
-                          dtype=np.float32)
+        if reuse is None:
+            vecs = np.asarray(encoder.encode_passages(titles, texts, batch_size=batch_size, progress=False),
+                              dtype=np.float32)
+        else:
+            keys = [_passage_key(store.id(r), t, x) for r, t, x in zip(range(s, e), titles, texts)]
+            found, old_rows, missing = reuse.split(keys)
+            vecs = np.empty((e - s, dim), dtype=np.float32)
+            if found:
+                vecs[found] = reuse.ks.vectors[np.asarray(old_rows)]
+            if missing:
+                vecs[missing] = encoder.encode_passages([titles[i] for i in missing], [texts[i] for i in missing],
+                                                        batch_size=batch_size, progress=False)
         if vecs.shape != (e - s, dim):
             raise RuntimeError(f"encoder returned {vecs.shape}, expected {(e - s, dim)}")
         with atomic_path(shards / f"{s:012d}.npy") as tmp:
@@ -281,6 +328,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     if bar is not None:
         bar.close()
     embed_seconds = time.perf_counter() - t0
+    if reuse is not None:
+        log(f"reused the vectors of {reuse.reused} unchanged passages from {reuse_vectors_from}")
 
     # 3. all vectors in one memory-mappable array
     with atomic_path(out / "vectors.npy") as tmp:

@@ -112,6 +112,8 @@ class RetrievalAugmentedTask(FairseqTask):
     def attach_retrieval(self, model) -> None:
         """Give a freshly built model this process's retriever and K."""
         model.n_docs = self.cfg.n_docs
+        if not model.cfg.doc_score_scale:
+            model.doc_score_scale = 20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0
         if self.cfg.n_docs > 0:
             model.retriever = self.retriever or _StoreOnly(self.knowledge)
         model.knowledge_identity = {"encoder": self.knowledge.encoder_identity,

@@ -145,3 +145,41 @@ def test_sigkill_midway_then_resume_skips_finished_shards(tmp_path):
     fresh = build_knowledge_source(str(tmp_path / "fresh"), BuildSettings(passages=str(src), encoder="hashing"),
                                    encoder=HashingEncoder(), shard_size=50, progress=False, log=lambda m: None)
     np.testing.assert_array_equal(np.asarray(ks.vectors), np.asarray(fresh.vectors))
+
+
+class CountingEncoder(HashingEncoder):
+    def __init__(self):
+        super().__init__()
+        self.embedded = 0
+
+    def encode_passages(self, titles, texts, **kw):
+        self.embedded += len(texts)
+        return super().encode_passages(titles, texts)
+
+
+def test_reuse_vectors_embeds_only_changed_passages(tmp_path):
+    rows = synthetic_passages(200)
+    first = write_jsonl(tmp_path / "a.jsonl", rows)
+    build_knowledge_source(str(tmp_path / "ks1"), BuildSettings(passages=str(first), encoder="hashing"),
+                           encoder=HashingEncoder(), shard_size=64, progress=False, log=lambda m: None)
+    rows[5]["text"] = "an edited passage about rivers"
+    rows.append({"id": "new", "title": "New", "text": "a new passage"})
+    second = write_jsonl(tmp_path / "b.jsonl", rows)
+    enc = CountingEncoder()
+    ks2 = build_knowledge_source(str(tmp_path / "ks2"), BuildSettings(passages=str(second), encoder="hashing"),
+                                 encoder=enc, shard_size=64, progress=False, log=lambda m: None,
+                                 reuse_vectors_from=str(tmp_path / "ks1"))
+    assert enc.embedded == 2
+    fresh = build_knowledge_source(str(tmp_path / "ks3"), BuildSettings(passages=str(second), encoder="hashing"),
+                                   encoder=HashingEncoder(), shard_size=64, progress=False, log=lambda m: None)
+    np.testing.assert_allclose(np.asarray(ks2.vectors), np.asarray(fresh.vectors), rtol=1e-6)
+
+
+def test_reuse_vectors_refuses_another_encoder(tmp_path):
+    src = write_jsonl(tmp_path / "a.jsonl", synthetic_passages(20))
+    build_knowledge_source(str(tmp_path / "ks1"), BuildSettings(passages=str(src), encoder="hashing"),
+                           encoder=HashingEncoder(), progress=False, log=lambda m: None)
+    with pytest.raises(UserError, match="does not match the document encoder"):
+        build_knowledge_source(str(tmp_path / "ks2"), BuildSettings(passages=str(src), encoder="hashing"),
+                               encoder=HashingEncoder(dim=32), progress=False, log=lambda m: None,
+                               reuse_vectors_from=str(tmp_path / "ks1"))
