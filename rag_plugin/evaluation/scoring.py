@@ -21,6 +21,7 @@ KILT reports retrieval.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
 from rag_plugin.errors import UserError
@@ -135,6 +136,8 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
                             path=guess_path,
                             fix="generate with the plugin's provenance output, or drop the retrieval metrics")
 
+    if any(n.startswith(RETRIEVAL_METRICS) for n in names):
+        guesses = [replace(p, retrieved=document_ids(p.retrieved, g.evidence_sets)) for g, p in zip(gold, guesses)]
     preds = [p.answer for p in guesses]
     refs = [g.answers for g in gold]
     out: Dict[str, float] = {}
@@ -172,6 +175,25 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
         else:  # pragma: no cover - canonical_metric admits nothing else
             raise AssertionError(name)
         out[name] = round(100.0 * value, 4)
+    return out
+
+
+def document_ids(retrieved: Sequence[str], evidence_sets: Sequence[Sequence[str]]) -> List[str]:
+    """Passage ids -> the document ids gold provenance uses, deduplicated in rank order.
+
+    A passage split from a document (``<id>_<n>``, scripts/build_knowledge_source.py
+    --split-words) stands for its document ``<id>`` when gold provenance names the document.
+    """
+    gold_ids = {i for ev in evidence_sets for i in ev}
+    out: List[str] = []
+    for pid in retrieved:
+        doc = pid
+        if pid not in gold_ids:
+            base, _, n = pid.rpartition("_")
+            if n.isdigit() and base in gold_ids:
+                doc = base
+        if doc not in out:
+            out.append(doc)
     return out
 
 

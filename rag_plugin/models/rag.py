@@ -50,6 +50,10 @@ class RagConfig(FairseqDataclass):
     freeze_query_embeddings: bool = field(
         default=False, metadata={"help": "keep the query encoder's token embeddings fixed (train its layers only); "
                                          "saves the dense gradient and Adam state of a 30k x d table on CPU"})
+    query_encoder_lr_scale: float = field(
+        default=1.0, metadata={"help": "the query encoder learns at this multiple of --lr (e.g. 0.03: a generator "
+                                       "trained from scratch at 1e-3 beside a pretrained query encoder at 3e-5); "
+                                       "works with any fairseq optimizer"})
     doc_score_scale: float = field(
         default=0.0, metadata={"help": "p(z|x) = softmax(scale * q.d). 0 = automatic: 1 for DPR's unnormalised "
                                        "inner products, 20 for L2-normalised encoders such as MiniLM (whose cosine "
@@ -59,6 +63,38 @@ class RagConfig(FairseqDataclass):
     activation_dropout: float = field(default=0.0, metadata={"help": "generator activation dropout"})
     max_source_positions: int = field(default=256, metadata={"help": "generator input length (question + passage)"})
     max_target_positions: int = field(default=128, metadata={"help": "generator output length"})
+
+
+class _Scaled(torch.nn.Module):
+    """weight = scale * stored: an optimizer step of size lr on ``stored`` moves the weight by scale * lr."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, stored):
+        return stored * self.scale
+
+    def right_inverse(self, weight):
+        return weight / self.scale
+
+
+def scale_learning_rate(module: torch.nn.Module, scale: float) -> None:
+    """Give every trainable parameter of ``module`` an effective learning rate of ``scale`` x lr.
+
+    A reparametrisation rather than an optimizer parameter group, so fairseq's optimizers and
+    lr schedulers (which set one lr for all groups) need no change. Adam-style updates are
+    invariant to gradient scale, so scaling gradients would not do this.
+    """
+    from torch.nn.utils import parametrize
+
+    if scale <= 0:
+        raise UserError(f"--query-encoder-lr-scale must be positive, got {scale}",
+                        fix="use --freeze-query-encoder to keep it fixed")
+    for sub in list(module.modules()):
+        for name, param in list(sub.named_parameters(recurse=False)):
+            if param.requires_grad:
+                parametrize.register_parametrization(sub, name, _Scaled(scale))
 
 
 def _as_config(cfg) -> RagConfig:
@@ -90,6 +126,8 @@ class RagModel(BaseFairseqModel):
                 p.requires_grad_(False)
         if query_encoder is not None and cfg.freeze_query_embeddings:
             query_encoder.bert_model.embeddings.word_embeddings.weight.requires_grad_(False)
+        if query_encoder is not None and not cfg.freeze_query_encoder and cfg.query_encoder_lr_scale != 1.0:
+            scale_learning_rate(query_encoder, cfg.query_encoder_lr_scale)
         self.doc_score_scale = cfg.doc_score_scale or 1.0  # the task sets the automatic value
 
     # ------------------------------------------------------------------ construction

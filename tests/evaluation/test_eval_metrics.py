@@ -199,3 +199,12 @@ def test_answer_in_top_k():
     assert M.answer_in_top_k(["the capital: paris, france"], ["Paris, France"], 1) == 1.0
     assert M.answer_in_top_k(["anything"], ["The"], 1) == 0.0  # empty alias ignored
     assert M.answer_in_top_k([], ["Paris"], 3) == 0.0
+
+
+def test_split_passages_count_as_their_document():
+    from rag_plugin.evaluation.scoring import document_ids
+
+    gold = [["wiki:Ozone"]]
+    assert document_ids(["wiki:Ozone_1", "wiki:Oxygen_0", "wiki:Ozone_0", "wiki:Ozone"], gold) == \
+        ["wiki:Ozone", "wiki:Oxygen_0"]
+    assert document_ids(["p_1"], [["p_1"]]) == ["p_1"]

@@ -154,3 +154,22 @@ def test_generator_input_never_cuts_the_question():
     assert list(x[12:17]) == list(title) and x[17] == 2 and list(x[18:29]) == list(text[:11])
     short = input_format.pair_input(q, title, text, bos=0, eos=2, max_len=14)
     assert list(short[1:11]) == list(q)
+
+
+def test_query_encoder_lr_scale_scales_the_adam_step(tiny_world):
+    task = _task(tiny_world, n_docs=3)
+    sample = _batch(task)
+    moves = {}
+    for scale in (1.0, 0.1):
+        torch.manual_seed(0)
+        model = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=scale),
+                                          task).train()
+        before = model.query_encoder.bert_model.encoder.layer[0].output.dense.weight.detach().clone()
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        loss, _, _ = MarginalNLLCriterion(task)(model, sample)
+        loss.backward()
+        opt.step()
+        after = model.query_encoder.bert_model.encoder.layer[0].output.dense.weight.detach()
+        moves[scale] = (after - before).abs().max().item()
+    assert moves[1.0] == pytest.approx(1e-3, rel=0.05)
+    assert moves[0.1] == pytest.approx(1e-4, rel=0.05)
