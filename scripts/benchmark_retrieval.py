@@ -29,7 +29,9 @@ with ``--threads`` torch and FAISS threads. Nothing is downloaded (HF_HUB_OFFLIN
    vectors: the real passage vectors plus N - real jittered copies (a random real vector plus
    Gaussian noise of relative norm ``--jitter``, renormalised; ``--synthetic-kind random``
    uses uniform random unit vectors instead). Those rows are marked ``synthetic``; their
-   recall is a proxy only.
+   recall is a proxy only. Default factories: Flat, HNSW32, IVF{nlist},SQ8, IVF{nlist},PQ{m}
+   and IVF{nlist},PQ{m}np (same index without FAISS's polysemous training, which is most of
+   the PQ build time and does not change search results); the synthetic run skips plain PQ{m}.
 3. Prints Markdown tables and writes everything to ``--json-out``.
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set unless ``--omp-wait-policy`` says otherwise: on a shared,
@@ -189,6 +191,14 @@ def split_words(docs: Sequence[Tuple[str, str]], words: int) -> List[Tuple[str, 
     return out
 
 
+def text_sha256(items) -> str:
+    """Short fingerprint of a list of strings (to tell whether two runs saw the same data)."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(item.encode("utf-8") + b"\x01")
+    return digest.hexdigest()[:16]
+
+
 # ------------------------------------------------------------------------------- embeddings
 def timed(fn):
     """(result, wall seconds, process CPU seconds)."""
@@ -275,7 +285,7 @@ def bench_embeddings(encoder, passages: List[Tuple[str, str]], args) -> Tuple[Di
         res["ratio_plugin_over_st_cpu"] = s["median_cpu_s_per_1k"] / p["median_cpu_s_per_1k"]
     if st_model is not None:
         res["sentence_transformers_max_seq_length"] = st_model.max_seq_length
-    del st_model
+    st_model = None  # free it before the index part
     return res, plugin_vecs
 
 
@@ -481,7 +491,8 @@ def parse_args(argv=None):
                    help="relative norm of the Gaussian noise added to real vectors (jitter kind)")
     p.add_argument("--queries", type=int, default=1000, help="number of real questions (0: all)")
     p.add_argument("--factories", default=DEFAULT_FACTORIES,
-                   help="FAISS factory strings, comma- or ';'-separated; {nlist} and {m} are filled in")
+                   help="FAISS factory strings separated by ';' (or by ',' when unambiguous); "
+                        "{nlist} and {m} are filled in")
     p.add_argument("--synthetic-factories", default=DEFAULT_SYNTHETIC_FACTORIES,
                    help="factories for the synthetic collection")
     p.add_argument("--nlist", type=int, default=0, help="IVF lists (0: ~4*sqrt(N), power of two)")
@@ -532,7 +543,8 @@ def main(argv=None) -> int:
     docs, doc_source = load_documents(Path(args.demo_dir))
     passages = split_words(docs, args.split_words)
     log(f"{len(docs)} documents -> {len(passages)} passages of <= {args.split_words} words ({doc_source})")
-    result["data"] = {"documents": doc_source, "n_documents": len(docs), "n_passages": len(passages)}
+    result["data"] = {"documents": doc_source, "n_documents": len(docs), "n_passages": len(passages),
+                      "passages_sha256": text_sha256(t + "\x00" + x for t, x in passages)}
 
     encoder = load_encoder("minilm")
     result["encoder"] = {"spec": "minilm", "source": encoder.source, "max_length": encoder.max_length,
@@ -553,6 +565,7 @@ def main(argv=None) -> int:
     encoder.encode_queries(questions[:args.batch_size], batch_size=args.batch_size)  # warm-up
     qvecs, q_wall, _ = timed(lambda: encoder.encode_queries(questions, batch_size=args.batch_size))
     result["query_encoding"] = {"n": len(questions), "source": q_source, "wall_s": q_wall,
+                                "questions_sha256": text_sha256(questions),
                                 "queries_per_s": len(questions) / q_wall}
     result["n_queries"] = len(questions)
 

@@ -25,6 +25,7 @@ class RetrievalQADataset(FairseqDataset):
         self.fixed_rows, self.fixed_scores = fixed_rows, fixed_scores
         self.record_ids = record_ids
         self.gold_rows = gold_rows  # int64 [N, G], -1 padded: gold passages' store rows (for p(gold|x) stats)
+        self.max_target: Optional[int] = None  # the decoder's positions; longer targets are cut (</s> kept)
         tgt = np.array([len(t) for t in self.targets]) if self.targets is not None else np.zeros(len(self.src_tokens), dtype=np.int64)
         self.sizes = np.array([len(q) for q in self.src_tokens], dtype=np.int64) + tgt
         self.tgt_sizes = tgt
@@ -37,7 +38,10 @@ class RetrievalQADataset(FairseqDataset):
         if self.query_tokens is not None:
             item["query"] = self.query_tokens[index]
         if self.targets is not None:
-            item["target"] = self.targets[index]
+            target = self.targets[index]
+            if self.max_target is not None and len(target) > self.max_target:
+                target = np.concatenate([target[: self.max_target - 1], target[-1:]])
+            item["target"] = target
         return item
 
     def num_tokens(self, index: int) -> int:
@@ -45,6 +49,11 @@ class RetrievalQADataset(FairseqDataset):
 
     def size(self, index: int) -> int:
         return int(self.sizes[index])
+
+    def filter_indices_by_size(self, indices, max_sizes):
+        """Never drop an example: the model truncates long questions/passages itself and the
+        collater cuts targets to ``max_target`` tokens (see :attr:`max_target`)."""
+        return indices, []
 
     def ordered_indices(self) -> np.ndarray:
         return np.lexsort((np.arange(len(self)), self.sizes))

@@ -14,10 +14,11 @@ from rag_plugin.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-# Sizes. "base"/"large" are fairseq's bart_base/bart_large; "tiny" trains on 2 CPU cores.
+# Sizes. "base"/"large" are fairseq's bart_base/bart_large; "tiny" trains on the demo data on
+# 2 CPU cores in minutes (other sizes: --generator-embed-dim/-layers/-heads/-ffn-dim).
 GENERATOR_SIZES = {
-    "tiny": dict(encoder_embed_dim=256, encoder_ffn_embed_dim=1024, encoder_layers=3,
-                 encoder_attention_heads=4, decoder_layers=3, decoder_attention_heads=4),
+    "tiny": dict(encoder_embed_dim=192, encoder_ffn_embed_dim=768, encoder_layers=2,
+                 encoder_attention_heads=4, decoder_layers=2, decoder_attention_heads=4),
     "base": dict(encoder_embed_dim=768, encoder_ffn_embed_dim=3072, encoder_layers=6,
                  encoder_attention_heads=12, decoder_layers=6, decoder_attention_heads=12),
     "large": dict(encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_layers=12,
@@ -56,13 +57,16 @@ def build_bart(size: str, dictionary, max_source_positions: int, max_target_posi
 
 
 def load_generator_weights(generator, path: str, dictionary) -> None:
-    """Initialise ``generator`` from a fairseq BART checkpoint (``bart.base``/``bart.large``)."""
+    """Initialise ``generator`` from a fairseq BART checkpoint (``bart.base``/``bart.large``) or
+    from the generator of a rag_plugin checkpoint (e.g. one pretrained closed-book)."""
     p = Path(path)
     state = safe_torch_load(p)
     weights = state.get("model", state)
     if not isinstance(weights, dict):
         raise UserError("generator checkpoint holds no model weights", path=str(p),
                         fix="pass a fairseq BART model.pt")
+    if any(k.startswith("generator.") for k in weights):  # a rag_plugin checkpoint: take its generator
+        weights = {k[len("generator."):]: v for k, v in weights.items() if k.startswith("generator.")}
     weights = {k: v for k, v in weights.items() if not k.startswith("classification_heads.")}
     emb = weights.get("encoder.embed_tokens.weight")
     if emb is None:

@@ -278,5 +278,5 @@ def _preset(size: str, positions: int):
 
 
 for _model in ("rag_token", "rag_seq"):
-    for _size, _positions in (("tiny", 256), ("base", 1024), ("large", 1024)):
+    for _size, _positions in (("tiny", 128), ("base", 1024), ("large", 1024)):
         register_model_architecture(_model, f"{_model}_{_size}")(_preset(_size, _positions))

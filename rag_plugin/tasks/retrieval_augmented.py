@@ -66,6 +66,7 @@ class RetrievalAugmentedTask(FairseqTask):
         self._retriever = None
         self._bm25 = None
         self._rows_by_id: Optional[Dict[str, List[int]]] = None
+        self.max_target: Optional[int] = None  # set when a model is built (its decoder positions)
         self.records = {}
 
     # ------------------------------------------------------------------ setup
@@ -112,6 +113,9 @@ class RetrievalAugmentedTask(FairseqTask):
     def attach_retrieval(self, model) -> None:
         """Give a freshly built model this process's retriever and K."""
         model.n_docs = self.cfg.n_docs
+        self.max_target = model.cfg.max_target_positions
+        for dataset in self.datasets.values():
+            dataset.max_target = self.max_target
         if not model.cfg.doc_score_scale:
             model.doc_score_scale = 20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0
         if self.cfg.n_docs > 0:
@@ -177,9 +181,15 @@ class RetrievalAugmentedTask(FairseqTask):
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
             found = self.bm25.search(questions, self.cfg.n_docs)
             fixed_rows, fixed_scores = found.rows, found.scores
-        return RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
-                                  fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
-                                  gold_rows=gold_rows)
+        dataset = RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
+                                     fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
+                                     gold_rows=gold_rows)
+        dataset.max_target = self.max_target
+        if tgt is not None and self.max_target is not None:
+            cut = sum(len(t) + 1 > self.max_target for t in tgt)
+            if cut:
+                logger.warning("%d targets are longer than the decoder's %d positions: cut", cut, self.max_target)
+        return dataset
 
     @property
     def bm25(self):

@@ -1,0 +1,44 @@
+#!/usr/bin/env python
+"""Write denoising pretraining data (train/valid KILT JSONL) from a knowledge source's passages.
+
+    python scripts/make_denoising_data.py --knowledge KS_DIR --out DIR [--valid 200] [--max-words 32]
+
+Then pretrain a generator closed-book and start RAG models from it:
+
+    fairseq-train DIR --task retrieval_augmented --knowledge KS_DIR --n-docs 0 ... --save-dir PRE
+    fairseq-train DATA ... --generator-checkpoint PRE/checkpoint_last.pt
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rag_plugin.errors import UserError, cli_main
+from rag_plugin.io_utils import atomic_write_text
+
+
+@cli_main
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--knowledge", required=True, help="knowledge source directory")
+    ap.add_argument("--out", required=True, help="output directory (train.jsonl, valid.jsonl)")
+    ap.add_argument("--valid", type=int, default=200, help="records held out for validation")
+    ap.add_argument("--max-words", type=int, default=32, help="words of each passage to reconstruct")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    from rag_plugin.data.denoising import denoising_records
+    from rag_plugin.retrieval.knowledge import KnowledgeSource
+
+    store = KnowledgeSource(args.knowledge).passages
+    records = denoising_records((store.passage(r) for r in range(len(store))), args.seed, args.max_words)
+    if len(records) <= args.valid:
+        raise UserError(f"only {len(records)} usable passages for {args.valid} validation records",
+                        path=args.knowledge, fix="lower --valid")
+    out = Path(args.out)
+    for name, rows in (("valid", records[: args.valid]), ("train", records[args.valid:])):
+        atomic_write_text(out / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print(f"{out}: {len(records) - args.valid} train, {args.valid} valid records")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
