@@ -119,8 +119,19 @@ class Demo:
                 hit = json.loads(line)
                 self.log(f"   q{hit['query']} #{hit['rank']} {hit['score']:.3f} {hit['id']}: {hit['text'][:70]}...")
 
-    def train(self, name: str, data: Path, updates: int) -> Path:
+    def pretrain(self, updates: int) -> Path:
+        """BART's objective in miniature: reconstruct corrupted passages (closed book). No
+        pretrained seq2seq model ships offline; this gives every system the same start."""
+        with self.step("denoising data from the knowledge source's passages"):
+            self.run([sys.executable, "scripts/make_denoising_data.py", "--knowledge", KS, "--out", DATA / "denoise"])
+        return self.train("pretrain", DATA / "denoise", updates, init=None)
+
+    def train(self, name: str, data: Path, updates: int, init: Path = None) -> Path:
         arch, extra = SYSTEMS.get(name, ("rag_token_tiny", ["--n-docs", "3"]))
+        if name == "pretrain":
+            extra = ["--n-docs", "0"]
+        if init is not None:
+            extra = [*extra, "--generator-checkpoint", init]
         save = self.work / "checkpoints" / name
         ckpt = save / "checkpoint_last.pt"
         log_file = self.work / f"train_{name}.log"
@@ -211,9 +222,9 @@ class Demo:
             "follows_other_index": round(sum(r["follows_other_index"] for r in runs) / len(runs), 4),
             "runs": table}
 
-    def posterior_plot(self) -> None:
+    def posterior_plot(self, init: Path) -> None:
         with self.step("RAG-Token on Jeopardy-style generation: per-token document posterior"):
-            ckpt = self.train("rag_token_jeopardy", DATA / "jeopardy_demo", self.jeopardy_updates)
+            ckpt = self.train("rag_token_jeopardy", DATA / "jeopardy_demo", self.jeopardy_updates, init=init)
             post = self.work / "jeopardy_posterior.jsonl"
             if post.exists():
                 post.unlink()
@@ -337,6 +348,7 @@ def _results_markdown(results: dict, work: Path) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="runs/demo", help="where checkpoints, outputs and plots go")
+    ap.add_argument("--pretrain-updates", type=int, default=1500, help="denoising pretraining updates")
     ap.add_argument("--updates", type=int, default=500, help="training updates per system")
     ap.add_argument("--jeopardy-updates", type=int, default=300, help="updates of the Jeopardy RAG-Token model")
     ap.add_argument("--sweep", default="1,2,3,5,8", help="test-time K values of the sweep")
@@ -347,10 +359,11 @@ def main(argv=None):
     demo = Demo(work, args.updates, args.jeopardy_updates, [int(k) for k in args.sweep.split(",")],
                 log=lambda m: print(m, flush=True))
     demo.data_and_knowledge()
-    checkpoints = {name: demo.train(name, DATA / "nq_demo", args.updates) for name in SYSTEMS}
+    pretrained = demo.pretrain(args.pretrain_updates)
+    checkpoints = {name: demo.train(name, DATA / "nq_demo", args.updates, init=pretrained) for name in SYSTEMS}
     demo.leaderboard(checkpoints)
     demo.hot_swap(checkpoints)
-    demo.posterior_plot()
+    demo.posterior_plot(pretrained)
     demo.k_sweep(checkpoints)
     demo.write_results(started)
     print("\n" + _read(work / "leaderboard.md"))

@@ -835,6 +835,14 @@ def build_records(seed: int = 0, config: DemoConfig = DemoConfig()) -> DemoData:
         for split_name in SPLITS:
             datasets[name][split_name] = [r for r in datasets[name][split_name]
                                           if r.get("meta", {}).get("entity") not in held_out]
+    for split_name in SPLITS:  # keep FEVER's labels balanced after the removal
+        claims = datasets["fever_demo"][split_name]
+        per_label = {}
+        for r in claims:
+            per_label.setdefault(r["output"][0]["answer"], []).append(r)
+        n = min(len(v) for v in per_label.values())
+        keep = {id(r) for v in per_label.values() for r in v[:n]}
+        datasets["fever_demo"][split_name] = [r for r in claims if id(r) in keep]
     report["hotswap_entities_held_out"] = len(held_out)
     report["countries_joined"] = len(countries)
     report["usable_descriptions"] = len(ctx.good_desc)

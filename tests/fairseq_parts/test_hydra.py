@@ -38,7 +38,7 @@ def test_demo_rag_seq_tiny_trains_with_hydra(tiny_world, tmp_path):
     rag_plugin.register()
     state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
     assert state["cfg"]["model"]["_name"] == "rag_seq_tiny"
-    assert state["cfg"]["task"]["n_docs"] == 5
+    assert state["cfg"]["task"]["n_docs"] == 3
     weights = state["model"]
     assert weights["_extra_state"]["variant"] == "sequence"
     # the arch preset's tiny generator: d=192, 2 encoder and 2 decoder layers
@@ -87,7 +87,7 @@ def test_config_composes_with_plugin_dataclasses(path, recwarn):
     assert cfg.common.user_dir == "rag_plugin"
     if task == "demo":
         assert cfg.common.cpu and cfg.model._name.endswith("_tiny")
-        assert cfg.task.n_docs in (0, 5)
+        assert cfg.task.n_docs in (0, 3, 5, 10)
         return
     assert cfg.task.n_docs in (5, 10)                                      # [paper] k in {5, 10}
     assert cfg.common.fp16 and cfg.distributed_training.distributed_world_size == 8
