@@ -185,3 +185,27 @@ def ordinary_tensors(hypos):
     """Copies of the hypotheses' tensors made outside inference mode (fairseq edits them in place)."""
     return [[{key: (value.clone() if torch.is_tensor(value) else value) for key, value in h.items()} for h in hyps]
             for hyps in hypos]
+
+
+class RagGeneratorBase:
+    """What fairseq-generate calls: ``generate`` runs ``_generate`` in inference mode and hands
+    back ordinary tensors; ``last_retrieval`` keeps the batch's documents for provenance."""
+
+    def __init__(self, rag):
+        self.rag = rag
+        self.symbols_to_strip_from_output = {rag.bos, rag.eos}
+        self.last_retrieval = {}
+
+    def cuda(self):
+        search = getattr(self, "search", None)
+        if search is not None:
+            search.cuda()
+        return self
+
+    def generate(self, models, sample, **kwargs):
+        with torch.inference_mode():
+            hypos = self._generate(models, sample, **kwargs)
+        return ordinary_tensors(hypos)
+
+    def _generate(self, models, sample, **kwargs):
+        raise NotImplementedError

@@ -16,18 +16,18 @@ import torch
 from fairseq.tasks import FairseqTask
 
 from rag_plugin import marginalization as M
-from rag_plugin.generation.adapters import ordinary_tensors, PerDocumentSearchModel, teacher_forced_token_lp
+from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, teacher_forced_token_lp
 
 DECODINGS = ("thorough", "fast")
 
 
-class RagSequenceGenerator:
+class RagSequenceGenerator(RagGeneratorBase):
     variant = "sequence"
 
     def __init__(self, task, rag, args, decoding: str = "thorough", extra_gen_cls_kwargs=None):
         if decoding not in DECODINGS:
             raise ValueError(f"unknown RAG-Sequence decoding {decoding!r}")
-        self.rag = rag
+        super().__init__(rag)
         self.decoding = decoding
         self.search_model = PerDocumentSearchModel(rag)
         self.search = FairseqTask.build_generator(task, [self.search_model], args,
@@ -35,19 +35,8 @@ class RagSequenceGenerator:
         self.lenpen = float(getattr(args, "lenpen", 1.0))
         self.normalize = not getattr(args, "unnormalized", False)
         self.nbest = int(getattr(args, "nbest", 1))
-        self.symbols_to_strip_from_output = {rag.bos, rag.eos}
-        self.last_retrieval = {}
 
-    def cuda(self):
-        self.search.cuda()
-        return self
-
-    def generate(self, models, sample, prefix_tokens=None, **kwargs):
-        with torch.inference_mode():
-            hypos = self._generate(models, sample, prefix_tokens=prefix_tokens)
-        return ordinary_tensors(hypos)
-
-    def _generate(self, models, sample, prefix_tokens=None):
+    def _generate(self, models, sample, prefix_tokens=None, **unused):
         ni = sample["net_input"]
         encoder_out, doc_scores, rows = self.rag.encode(ni["src_tokens"], ni.get("query_tokens"), ni.get("query_mask"),
                                                         ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"))

@@ -1,11 +1,10 @@
 """RAG-Token decoding: fairseq's SequenceGenerator over the marginalised transition."""
-import torch
 from fairseq.tasks import FairseqTask
 
-from rag_plugin.generation.adapters import ordinary_tensors, RagTokenSearchModel
+from rag_plugin.generation.adapters import RagGeneratorBase, RagTokenSearchModel
 
 
-class RagTokenGenerator:
+class RagTokenGenerator(RagGeneratorBase):
     """Beam search (or greedy with ``--beam 1``, or sampling) for a ``rag_token`` model.
 
     Every fairseq generation option applies (beam, nbest, lenpen, max-len, sampling,
@@ -16,21 +15,10 @@ class RagTokenGenerator:
     variant = "token"
 
     def __init__(self, task, rag, args, extra_gen_cls_kwargs=None):
-        self.rag = rag
+        super().__init__(rag)
         self.search_model = RagTokenSearchModel(rag)
         self.search = FairseqTask.build_generator(task, [self.search_model], args,
                                                   extra_gen_cls_kwargs=extra_gen_cls_kwargs)
-        self.symbols_to_strip_from_output = {rag.bos, rag.eos}
-        self.last_retrieval = {}
-
-    def cuda(self):
-        self.search.cuda()
-        return self
-
-    def generate(self, models, sample, **kwargs):
-        with torch.inference_mode():
-            hypos = self._generate(models, sample, **kwargs)
-        return ordinary_tensors(hypos)
 
     def _generate(self, models, sample, **kwargs):
         hypos = self.search.generate([self.search_model], sample, **kwargs)

@@ -8,23 +8,10 @@ sum divided by the length, as fairseq's SequenceScorer reports it.
 import torch
 
 from rag_plugin import marginalization as M
-from rag_plugin.generation.adapters import ordinary_tensors
+from rag_plugin.generation.adapters import RagGeneratorBase
 
 
-class RagScorer:
-    def __init__(self, rag):
-        self.rag = rag
-        self.symbols_to_strip_from_output = {rag.bos, rag.eos}
-        self.last_retrieval = {}
-
-    def cuda(self):
-        return self
-
-    def generate(self, models, sample, **kwargs):
-        with torch.inference_mode():
-            hypos = self._generate(models, sample, **kwargs)
-        return ordinary_tensors(hypos)
-
+class RagScorer(RagGeneratorBase):
     def _generate(self, models, sample, **kwargs):
         rag = self.rag
         logits, extra = rag(**sample["net_input"])

@@ -5,7 +5,6 @@ import argparse
 import logging
 import types
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -88,7 +87,8 @@ def load_generator_weights(generator, path: str, dictionary) -> None:
         raise UserError(f"generator checkpoint sizes differ from --arch (e.g. {bad[0]}: "
                         f"{tuple(weights[bad[0]].shape)} vs {tuple(mine[bad[0]].shape)})", path=str(p),
                         fix="pick the *_base arch for bart.base and *_large for bart.large")
-    missing, unexpected = generator.load_state_dict(weights, strict=False)
+    # torch's own loader: BART's upgrade hook reads a task name a bare generator does not have
+    missing, unexpected = torch.nn.Module.load_state_dict(generator, weights, strict=False)
     missing = [k for k in missing if not k.endswith("version") and "output_projection" not in k]
     if missing:
         raise UserError(f"generator checkpoint lacks {len(missing)} weights (e.g. {missing[0]})",

@@ -5,7 +5,6 @@ store, vectors, FAISS index, its document encoder and the generator tokenizer it
 pre-tokenized with), builds the retriever once per process, and hands it to the model.
 """
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -1,6 +1,5 @@
 """Decoding checks: beam scores equal teacher-forced scores, Thorough >= Fast, K=1 is BART."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
