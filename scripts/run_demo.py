@@ -165,6 +165,8 @@ class Demo:
                     extra = ["--beam", "1"] if name == "closed_book" else ["--beam", "1", "--n-docs", TEST_DOCS]
                     if name == "closed_book":
                         extra += ["--n-docs", "0"]
+                    if name == "rag_token_bm25":
+                        extra += ["--retriever", "bm25"]
                     outs[name] = self.generate(name, ckpt, DATA / "nq_demo", self.work / f"gen_{name}.txt", *extra)
         with self.step("leaderboard"):
             cmd = [sys.executable, "scripts/leaderboard.py", "--gold", gold, "--metrics", "em,f1",
@@ -350,8 +352,8 @@ def main(argv=None):
     ap.add_argument("--work", default="runs/demo", help="where checkpoints, outputs and plots go")
     ap.add_argument("--pretrain-updates", type=int, default=1500, help="denoising pretraining updates")
     ap.add_argument("--updates", type=int, default=400, help="training updates per system")
-    ap.add_argument("--jeopardy-updates", type=int, default=250, help="updates of the Jeopardy RAG-Token model")
-    ap.add_argument("--sweep", default="1,2,3,5,8", help="test-time K values of the sweep")
+    ap.add_argument("--jeopardy-updates", type=int, default=150, help="updates of the Jeopardy RAG-Token model")
+    ap.add_argument("--sweep", default="1,3,5,8", help="test-time K values of the sweep")
     args = ap.parse_args(argv)
     work = (ROOT / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -136,8 +136,9 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
                             path=guess_path,
                             fix="generate with the plugin's provenance output, or drop the retrieval metrics")
 
+    docs = guesses  # retrieved passages as the documents gold provenance names (R-precision, recall, precision)
     if any(n.startswith(RETRIEVAL_METRICS) for n in names):
-        guesses = [replace(p, retrieved=document_ids(p.retrieved, g.evidence_sets)) for g, p in zip(gold, guesses)]
+        docs = [replace(p, retrieved=document_ids(p.retrieved, g.evidence_sets)) for g, p in zip(gold, guesses)]
     preds = [p.answer for p in guesses]
     refs = [g.answers for g in gold]
     out: Dict[str, float] = {}
@@ -161,13 +162,13 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
         elif name.startswith("distinct"):
             value = M.distinct_ngram_ratio(preds, _param(name))
         elif name == "rprec":
-            value = M.mean(M.r_precision(p.retrieved, g.evidence_sets) for g, p in zip(gold, guesses))
+            value = M.mean(M.r_precision(p.retrieved, g.evidence_sets) for g, p in zip(gold, docs))
         elif name.startswith("recall@"):
             k = _param(name)
-            value = M.mean(M.recall_at_k(p.retrieved, g.evidence_sets, k) for g, p in zip(gold, guesses))
+            value = M.mean(M.recall_at_k(p.retrieved, g.evidence_sets, k) for g, p in zip(gold, docs))
         elif name.startswith("precision@"):
             k = _param(name)
-            value = M.mean(M.precision_at_k(p.retrieved, g.evidence_sets, k) for g, p in zip(gold, guesses))
+            value = M.mean(M.precision_at_k(p.retrieved, g.evidence_sets, k) for g, p in zip(gold, docs))
         elif name.startswith("answer_in_top"):
             k = _param(name)
             texts = _top_texts(guesses, k, passages, guess_path)

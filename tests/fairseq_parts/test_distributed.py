@@ -138,12 +138,12 @@ def test_two_rank_cpu_training_keeps_ranks_identical(tiny_world, tmp_path):
     assert not set(steps0[0]) & set(steps1[0])
     ids0 = {i for s in steps0 for i in s}
     ids1 = {i for s in steps1 for i in s}
-    assert ids0 != ids1
+    assert ids0 | ids1 == set(range(30))  # no training example dropped (30 in the tiny world's train split)
 
     # the global batch is the sum of the ranks' batches (rank 0 logs the aggregate)
     inner = re.findall(r"train_inner \| epoch 001:\s+1 / \d+ .*?bsz=(\d+).*?num_updates=1\b", log)
     assert inner, log[-4000:]
-    assert int(inner[0]) == len(steps0[0]) + len(steps1[0]) == 16
+    assert int(inner[0]) == len(steps0[0]) + len(steps1[0])  # (partial batches are kept, so not always 16)
 
     # training made progress
     losses = [float(x) for x in re.findall(r"train_inner \| .*? loss=([0-9.]+),", log)]
