@@ -316,7 +316,8 @@ def _results_markdown(results: dict, work: Path) -> str:
     rows = results["systems"]
     lines = ["# Demo results", "",
              f"Produced by `{results['command']}` on {results['date']}, {results['machine']}; "
-             f"{results['total_s'] / 60:.1f} minutes for the whole job (installs excluded: see the README).", "",
+             f"{results['total_s'] / 60:.1f} minutes for this invocation (installs excluded; steps already complete "
+             "from an earlier invocation are skipped and take no time here).", "",
              "## nq_demo test set (held-out entities), exact match and token F1 (%)", "",
              "| system | EM | F1 | recall@5 | answer in top 5 |", "|---|---|---|---|---|"]
     for name, row in rows.items():
@@ -342,7 +343,7 @@ def _results_markdown(results: dict, work: Path) -> str:
             lines.append(f"| {name} EM / recall | " + " | ".join(f"{r['em']:.1f} / {r['recall']:.1f}" for r in rs) + " |")
     lines += ["", "Plots: `" + str((work / "k_sweep.png").relative_to(ROOT)) + "`, `" +
               str((work / "jeopardy_doc_posterior.png").relative_to(ROOT)) + "`.", "",
-              "Step timings (s): " + ", ".join(f"{k}: {v:.0f}" for k, v in results["timings_s"].items()), ""]
+              "Step timings of this invocation (s): " + ", ".join(f"{k}: {v:.0f}" for k, v in results["timings_s"].items()), ""]
     return "\n".join(lines)
 
 
