@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -44,6 +44,19 @@ def atomic_write_text(path: PathLike, text: str) -> None:
 
 def atomic_write_json(path: PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def decoded_lines(fh, path) -> Iterator[Tuple[int, str]]:
+    """``(line number, text)`` of an open binary file, line ends kept; a line that is not
+    UTF-8 is a one-line :class:`~rag_plugin.errors.UserError` naming the file and line."""
+    from rag_plugin.errors import UserError
+
+    for lineno, raw in enumerate(fh, 1):
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError(f"not valid UTF-8 at byte {err.start} of the line", path=str(path), line=lineno,
+                            fix="re-encode the file as UTF-8") from None
 
 
 def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:

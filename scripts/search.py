@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rag_plugin.errors import UserError, cli_main
+from rag_plugin.io_utils import decoded_lines
 
 
 def read_questions(path: str):
@@ -19,11 +20,8 @@ def read_questions(path: str):
         raise UserError("questions file not found", path=path, fix="pass --queries with one question per line")
     questions = []
     with open(p, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                raise UserError("not valid UTF-8", path=path, line=lineno, fix="re-encode the file as UTF-8") from None
+        for lineno, line in decoded_lines(fh, path):
+            line = line.rstrip("\r\n")
             if not line.strip():
                 raise UserError("empty question", path=path, line=lineno,
                                 fix="remove the empty line (line numbers are the query ids)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List
 
 from rag_plugin.errors import UserError
+from rag_plugin.io_utils import decoded_lines
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,8 @@ def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool =
     records: List[QARecord] = []
     seen = set()
     with open(p, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise UserError("not valid UTF-8", path=str(p), line=lineno, fix="re-encode the file as UTF-8") from None
+        for lineno, line in decoded_lines(fh, p):
+            line = line.strip()
             if not line:
                 continue
             try:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json
+from rag_plugin.io_utils import atomic_path, atomic_write_json, decoded_lines
 
 PathLike = Union[str, os.PathLike]
 
@@ -131,12 +131,7 @@ def iter_jsonl(path: PathLike, fix: str = "each line must be one JSON object"
                ) -> Iterator[Tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-empty line; errors name file and line."""
     with _open_binary(path) as fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise UserError(f"not valid UTF-8 at byte {err.start} of the line", path=str(path),
-                                line=lineno, fix="re-encode the file as UTF-8") from None
+        for lineno, line in decoded_lines(fh, path):
             if lineno == 1:
                 line = line.lstrip("\ufeff")
             line = line.strip()

@@ -33,6 +33,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.errors import UserError
+from rag_plugin.io_utils import decoded_lines
 
 FORMATS = ("auto", "kilt", "fairseq")
 MAX_LISTED = 5  # ids named in an error message
@@ -101,12 +102,7 @@ def _check_file(path: str, what: str, fix: str) -> Path:
 def _lines(path: Path) -> Iterator[Tuple[int, str]]:
     """(line number, text without the line end); splits on ``\\n`` only."""
     with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise UserError(f"not valid UTF-8 at byte {err.start} of the line", path=str(path),
-                                line=lineno, fix="re-encode the file as UTF-8") from None
+        for lineno, text in decoded_lines(fh, path):
             yield lineno, text.rstrip("\r\n")
 
 
