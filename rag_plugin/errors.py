@@ -7,9 +7,11 @@ surface as ordinary exceptions.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 
 class UserError(Exception):
@@ -37,13 +39,50 @@ class UserError(Exception):
         return " ".join(text.split())  # always one line
 
 
+def usage_error_message(message: str) -> str:
+    """argparse's message, shortened: an ``invalid choice`` names close matches, not every choice."""
+    import difflib
+    import re
+
+    m = re.match(r"(argument \S+: invalid choice: '(.*?)') \(choose from (.*)\)$", message, re.S)
+    if not m:
+        return message
+    choices = re.findall(r"'([^']*)'", m.group(3))
+    close = difflib.get_close_matches(m.group(2), choices, n=3, cutoff=0.6)
+    if close:
+        return f"{m.group(1)} (did you mean {' or '.join(close)}?)"
+    if len(choices) <= 8:
+        return f"{m.group(1)} (choose from {', '.join(choices)})"
+    return f"{m.group(1)} ({len(choices)} choices)"
+
+
+def _raise_usage_error(parser, message: str):
+    raise UserError(usage_error_message(message), fix=f"see {parser.prog} --help")
+
+
+@contextlib.contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """While active, argparse usage errors (missing or invalid arguments) raise :class:`UserError`
+    instead of printing the usage text: one line, exit status 2 under :func:`cli_main`."""
+    import argparse
+
+    previous = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _raise_usage_error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = previous
+
+
 def cli_main(func: Callable[..., Optional[int]]) -> Callable[..., int]:
-    """Decorator for ``main()`` functions: UserError -> one line on stderr, exit 2."""
+    """Decorator for ``main()`` functions: UserError (argparse usage errors included) -> one
+    line on stderr, exit 2."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs) -> int:
         try:
-            rc = func(*args, **kwargs)
+            with one_line_usage_errors():
+                rc = func(*args, **kwargs)
         except UserError as err:
             sys.stderr.write(f"error: {err.render()}\n")
             return 2
@@ -61,23 +100,107 @@ def _is_refused_pickle(exc_type, exc) -> bool:
     return issubclass(exc_type, pickle.UnpicklingError) and "weights_only" in str(exc)
 
 
+def _user_error_in_chain(exc: Optional[BaseException]) -> Optional[BaseException]:
+    """``exc`` itself, or the exception it was raised from or while handling, if that is a
+    :class:`UserError` (or a refused pickle). fairseq re-raises some errors as a generic
+    ``Exception`` (e.g. "Cannot load model parameters from checkpoint"): the user's problem is
+    the original one."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, UserError) or _is_refused_pickle(type(exc), exc):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+#: What torch.distributed's backends say when another rank is gone (its process died, its
+#: connection dropped) or did not answer within the process group's timeout.
+_LOST_RANK_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "Timed out waiting", "remote worker crashing", "Socket Timeout", "ECONNRESET")
+
+
+def _lost_rank_error(exc: Optional[BaseException]) -> Optional[BaseException]:
+    seen = 0
+    while exc is not None and seen < 8:  # also when fairseq's heartbeat SIGINT came on top of it
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if names & {"RuntimeError", "DistError", "DistBackendError", "DistNetworkError"} and \
+                any(sign in str(exc) for sign in _LOST_RANK_SIGNS):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def lost_rank_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if ``exc`` is a collective failing because another rank is gone."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    exc = _lost_rank_error(exc)
+    if exc is None:
+        return None
+    text = str(exc)
+    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else type(exc).__name__
+    first = first.split("] ", 1)[-1].split(". ")[0]  # drop gloo's "[file.cc:123]" prefix and its advice
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return (f"rank {dist.get_rank()} of {dist.get_world_size()}: lost contact with another rank ({first}) "
+            f"(a rank died or hangs: see its log; fix it, then rerun the same command to resume from "
+            f"checkpoint_last.pt)")
+
+
+def _write_and_exit(message: str, status: int) -> None:
+    # torch.distributed wraps sys.excepthook and points sys.stderr at a buffer while the hook
+    # runs; the process ends here, so write to the real stderr.
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"error: {message}\n")
+    stream.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(status)
+
+
 def install_excepthook() -> None:
-    """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2."""
+    """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2; a
+    collective failing because another rank died: one line, exit 1."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        if issubclass(exc_type, UserError) or _is_refused_pickle(exc_type, exc):
-            message = exc.render() if isinstance(exc, UserError) else (
+        cause = _user_error_in_chain(exc)
+        if cause is not None:
+            message = cause.render() if isinstance(cause, UserError) else (
                 "a checkpoint refers to code that safe loading refuses (weights_only=True); it was not loaded "
                 "(only load checkpoints from sources you trust)")
-            sys.stderr.write(f"error: {message}\n")
-            sys.stderr.flush()
-            import os
-
-            os._exit(2)
+            _write_and_exit(message, 2)
+        lost = lost_rank_message(exc) if exc is not None else None
+        if lost is not None:
+            _write_and_exit(lost, 1)
         previous(exc_type, exc, tb)
 
     if getattr(sys.excepthook, "_rag_plugin", False):
         return
     hook._rag_plugin = True
     sys.excepthook = hook
+
+
+def install_fairseq_usage_errors() -> None:
+    """fairseq's command lines (``fairseq-train`` ...) report a bad argument in one line
+    (``error: argument --arch/-a: invalid choice: 'x' (did you mean ...?)``), exit 2, instead of
+    the whole usage text and a list of every registered architecture. Other parsers unchanged."""
+    import argparse
+
+    current = argparse.ArgumentParser.error
+    if getattr(current, "_rag_plugin", False):
+        return
+
+    def error(parser, message):
+        if not str(parser.prog).startswith("fairseq"):
+            return current(parser, message)
+        stream = sys.__stderr__ or sys.stderr
+        stream.write(f"error: {usage_error_message(message)} (see {parser.prog} --help)\n")
+        stream.flush()
+        sys.exit(2)
+
+    error._rag_plugin = True
+    argparse.ArgumentParser.error = error

@@ -59,6 +59,35 @@ def decoded_lines(fh, path) -> Iterator[Tuple[int, str]]:
                             fix="re-encode the file as UTF-8") from None
 
 
+def first_invalid_utf8_line(path: PathLike) -> Tuple[int, int]:
+    """``(line number, byte offset in that line)`` of the first bytes of ``path`` (``.gz`` read
+    through gzip) that are not UTF-8; ``(0, 0)`` if there are none. For readers that decode in
+    large chunks and so cannot tell which line a decoding error is on."""
+    import gzip
+
+    opener = gzip.open if str(path).lower().endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return lineno, err.start
+    return 0, 0
+
+
+def utf8_error(path: PathLike):
+    """The one-line :class:`~rag_plugin.errors.UserError` for a file that is not UTF-8."""
+    from rag_plugin.errors import UserError
+
+    try:
+        lineno, start = first_invalid_utf8_line(path)
+    except (OSError, EOFError):
+        lineno, start = 0, 0
+    where = f" at byte {start} of the line" if lineno else ""
+    return UserError(f"not valid UTF-8{where}", path=str(path), line=lineno or None,
+                     fix="re-encode the file as UTF-8")
+
+
 def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

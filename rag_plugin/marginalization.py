@@ -91,7 +91,9 @@ def _add_log_prior(doc_lp: Tensor, x: Tensor) -> Tensor:
     """
     prior = _expand_prior(doc_lp, x)
     joint = prior + x
-    return torch.where(torch.isneginf(prior), torch.full_like(joint, NEG_INF), joint)
+    # in place on the fresh sum (one pass, no second full-size tensor); autograd gives the
+    # masked entries a zero gradient, as torch.where would
+    return joint.masked_fill_(torch.isneginf(prior), NEG_INF)
 
 
 def _check_target_mask(target_mask: Tensor, token_lp: Tensor) -> None:

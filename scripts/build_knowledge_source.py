@@ -28,6 +28,10 @@ def parse_args(argv=None):
     p.add_argument("--bpe-model", default=None, help="SentencePiece model of the generator")
     p.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 BPE encoder.json (fairseq BART)")
     p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 BPE vocab.bpe (fairseq BART)")
+    p.add_argument("--input-format", default="plugin", metavar="plugin|hf|FILE",
+                   help="generator input format to pre-tokenize passages for: plugin (default), hf (the reference "
+                        "RAG's 'title / text // question', with GPT-2 BPE) or a converted checkpoint's "
+                        "input_format.json")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
     p.add_argument("--shard-size", type=int, default=2048, help="passages per embedding shard (the unit of resume)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
@@ -47,6 +51,7 @@ def main(argv=None):
     import torch
 
     from rag_plugin.retrieval.index import set_faiss_threads
+    from rag_plugin.input_format import InputFormat
     from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
 
     if args.threads:
@@ -56,7 +61,8 @@ def main(argv=None):
     settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
                              split_words=args.split_words, dict=args.dict, bpe_model=args.bpe_model,
                              gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
-                             train_size=args.train_size, seed=args.seed)
+                             train_size=args.train_size, seed=args.seed,
+                             input_format=InputFormat.parse(args.input_format).identity())
     build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
                            restart=args.restart, progress=not args.quiet, reuse_vectors_from=args.reuse_vectors_from,
                            log=lambda m: print(m, file=sys.stderr))

@@ -25,12 +25,19 @@ def main(argv=None):
     ap.add_argument("--valid", type=int, default=200, help="records held out for validation")
     ap.add_argument("--max-words", type=int, default=32, help="words of each passage to reconstruct")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--objective", choices=("denoise", "pseudo-questions"), default="denoise",
+                    help="denoise: reconstruct corrupted passages (closed book); pseudo-questions: a run of a "
+                         "passage's words -> its title or the words that follow (train with retrieval)")
     args = ap.parse_args(argv)
-    from rag_plugin.data.denoising import denoising_records
+    from rag_plugin.data.denoising import denoising_records, pseudo_question_records
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
     store = KnowledgeSource(args.knowledge).passages
-    records = denoising_records((store.passage(r) for r in range(len(store))), args.seed, args.max_words)
+    passages = (store.passage(r) for r in range(len(store)))
+    if args.objective == "denoise":
+        records = denoising_records(passages, args.seed, args.max_words)
+    else:
+        records = pseudo_question_records(passages, args.seed)
     if len(records) <= args.valid:
         raise UserError(f"only {len(records)} usable passages for {args.valid} validation records",
                         path=args.knowledge, fix="lower --valid")

@@ -119,17 +119,28 @@ class Demo:
                 hit = json.loads(line)
                 self.log(f"   q{hit['query']} #{hit['rank']} {hit['score']:.3f} {hit['id']}: {hit['text'][:70]}...")
 
-    def pretrain(self, updates: int) -> Path:
-        """BART's objective in miniature: reconstruct corrupted passages (closed book). No
-        pretrained seq2seq model ships offline; this gives every system the same start."""
+    def pretrain(self, updates: int, pseudo_updates: int) -> Path:
+        """No pretrained seq2seq model ships offline; this gives every system the same start.
+        Stage 1, BART's objective in miniature: reconstruct corrupted passages (closed book).
+        Stage 2 (``pseudo_updates`` > 0): self-supervised questions about the passages (a run of
+        words -> the title, or -> the words that follow), answered from one BM25-retrieved
+        passage, so the generator learns to read its document. Both use only the passages."""
         with self.step("denoising data from the knowledge source's passages"):
             self.run([sys.executable, "scripts/make_denoising_data.py", "--knowledge", KS, "--out", DATA / "denoise"])
-        return self.train("pretrain", DATA / "denoise", updates, init=None)
+        ckpt = self.train("pretrain", DATA / "denoise", updates, init=None)
+        if pseudo_updates <= 0:
+            return ckpt
+        with self.step("pseudo-questions from the knowledge source's passages"):
+            self.run([sys.executable, "scripts/make_denoising_data.py", "--knowledge", KS, "--out", DATA / "pseudo",
+                      "--objective", "pseudo-questions"])
+        return self.train("pretrain_pseudo", DATA / "pseudo", pseudo_updates, init=ckpt)
 
     def train(self, name: str, data: Path, updates: int, init: Path = None) -> Path:
         arch, extra = SYSTEMS.get(name, ("rag_token_tiny", ["--n-docs", "3"]))
         if name == "pretrain":
             extra = ["--n-docs", "0"]
+        elif name == "pretrain_pseudo":
+            extra = ["--n-docs", "1", "--retriever", "bm25"]
         if init is not None:
             extra = [*extra, "--generator-checkpoint", init]
         save = self.work / "checkpoints" / name
@@ -352,6 +363,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="runs/demo", help="where checkpoints, outputs and plots go")
     ap.add_argument("--pretrain-updates", type=int, default=1500, help="denoising pretraining updates")
+    ap.add_argument("--pseudo-updates", type=int, default=600,
+                    help="updates of the second pretraining stage (pseudo-questions, BM25, one document); 0: none")
     ap.add_argument("--updates", type=int, default=400, help="training updates per system")
     ap.add_argument("--jeopardy-updates", type=int, default=150, help="updates of the Jeopardy RAG-Token model")
     ap.add_argument("--sweep", default="1,3,5,8", help="test-time K values of the sweep")
@@ -362,7 +375,7 @@ def main(argv=None):
     demo = Demo(work, args.updates, args.jeopardy_updates, [int(k) for k in args.sweep.split(",")],
                 log=lambda m: print(m, flush=True))
     demo.data_and_knowledge()
-    pretrained = demo.pretrain(args.pretrain_updates)
+    pretrained = demo.pretrain(args.pretrain_updates, args.pseudo_updates)
     checkpoints = {name: demo.train(name, DATA / "nq_demo", args.updates, init=pretrained) for name in SYSTEMS}
     demo.leaderboard(checkpoints)
     demo.hot_swap(checkpoints)

@@ -34,3 +34,41 @@ def denoising_records(passages: Iterable[Passage], seed: int = 0, max_words: int
         records.append({"id": f"denoise:{p.id}", "input": source, "output": [{"answer": target}]})
     rng.shuffle(records)
     return records
+
+
+def pseudo_question_records(passages: Iterable[Passage], seed: int = 0, window: int = 30,
+                            per_passage: int = 2) -> List[dict]:
+    """Self-supervised questions about each passage, answered *from the retrieved passage*.
+
+    Two kinds, half each (the second stage of the demo's pretraining, trained retrieval-augmented
+    with one document, so the generator learns to read its document rather than to recall):
+
+    - title (the inverse cloze task of ORQA): a run of 6-10 words of the passage -> its title;
+    - continuation: 3-8 consecutive words of the passage -> the 1-4 words that follow them.
+
+    Only the first ``window`` words are used: what the generator sees of a passage after the
+    question and title is cut to its positions. Provenance is the passage itself.
+    """
+    rng = random.Random(seed)
+    records = []
+    for p in passages:
+        words = p.text.split()[:window]
+        if len(words) < 8:
+            continue
+        for j in range(per_passage):
+            if j % 2 == 0 and p.title:
+                n = rng.randint(6, 10)
+                start = rng.randrange(max(1, len(words) - n + 1))
+                question, answer, kind = " ".join(words[start:start + n]), p.title, "title"
+            else:
+                n, m = rng.randint(3, 8), rng.randint(1, 4)
+                start = rng.randrange(max(1, len(words) - n - m + 1))
+                question = " ".join(words[start:start + n])
+                answer, kind = " ".join(words[start + n:start + n + m]), "continuation"
+                if not answer:
+                    continue
+            records.append({"id": f"pseudo:{kind}:{p.id}:{j}", "input": question,
+                            "output": [{"answer": answer, "provenance": [{"id": p.id, "wikipedia_id": p.id,
+                                                                           "title": p.title}]}]})
+    rng.shuffle(records)
+    return records

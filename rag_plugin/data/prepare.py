@@ -27,7 +27,7 @@ Converters (one per dataset, see ``docs/datasets.md`` for the commands):
 * :func:`convert_fever` -- FEVER from KILT JSONL or the original FEVER JSONL.
 * :func:`import_precomputed_vectors` -- a knowledge source from DPR's ``psgs_w100.tsv`` and
   DPR's precomputed passage embeddings (``.pkl`` shards behind ``--trust-pickles``, or ``.npy``
-  + ids).
+  + ids), through the knowledge builder's ``precomputed`` hook.
 
 Split convention (the paper's, Lewis et al. 2020): with ``--train``, ``--dev`` and ``--test``
 the splits map one to one (dev -> ``valid``). When the official release has no labelled test
@@ -41,7 +41,6 @@ import ast
 import csv
 import dataclasses
 import gzip
-import hashlib
 import html
 import io
 import json
@@ -59,7 +58,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json, decoded_lines
+from rag_plugin.io_utils import atomic_write_json, decoded_lines, utf8_error
 
 PathLike = Union[str, os.PathLike]
 
@@ -191,7 +190,7 @@ class JsonStream:
         try:
             data = self._fh.read(max(self.chunk, min_chars))
         except UnicodeDecodeError:
-            raise self.error("not valid UTF-8", fix="re-encode the file as UTF-8") from None
+            raise utf8_error(self.path) from None
         except (OSError, EOFError) as err:  # truncated or corrupt .gz
             raise self.error(f"cannot read ({err})", fix="re-download the file") from None
         if not data:
@@ -627,8 +626,7 @@ def iter_dpr_qas(path: PathLike) -> Iterator[Tuple[int, str, List[str], List[str
                 raise UserError(f"unreadable TSV row ({err})", path=str(path), line=reader.line_num,
                                 fix="fix that line") from None
             except UnicodeDecodeError:
-                raise UserError("not valid UTF-8", path=str(path), line=prev + 1,
-                                fix="re-encode the file as UTF-8") from None
+                raise utf8_error(path) from None
             line, prev = prev + 1, reader.line_num
             if not row or all(not c.strip() for c in row):
                 continue
@@ -1234,23 +1232,6 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed (only numpy arrays are)")
 
 
-class _PrecomputedEncoder:
-    """Stands in for the document encoder when every embedding shard already exists."""
-
-    def __init__(self, dim: int, identity: dict):
-        self.dim = int(dim)
-        self._identity = dict(identity)
-
-    def encode_passages(self, *args, **kwargs):
-        raise RuntimeError("precomputed vectors are missing for a shard (the import did not finish)")
-
-    def encode_queries(self, *args, **kwargs):
-        raise RuntimeError("this stand-in encoder cannot encode queries")
-
-    def identity(self) -> dict:
-        return dict(self._identity)
-
-
 def _vector_kind(path: PathLike) -> str:
     name = _base_name(path)
     if name.endswith((".pkl", ".pickle")):
@@ -1354,45 +1335,6 @@ def _iter_vector_batches(kind: str, path: Path, ids_path: Optional[Path], batch:
                         fix="one id per vector row, in the same order")
 
 
-def _id_hash(pid: str) -> int:
-    return int.from_bytes(hashlib.blake2b(pid.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-class _IdTable:
-    """Passage id -> store row, as two sorted uint64/int64 arrays (16 bytes a passage)."""
-
-    def __init__(self, store, progress: bool = False):
-        import numpy as np
-
-        n = len(store)
-        hashes = np.empty(n, dtype=np.uint64)
-        rows = range(n)
-        for row in _progress(rows, "index passage ids", progress, total=n):
-            hashes[row] = _id_hash(store.id(row))
-        self.order = np.argsort(hashes, kind="stable")
-        self.sorted = hashes[self.order]
-        self.store = store
-        self.fallback: Optional[Dict[str, int]] = None
-        if n > 1 and bool(np.any(self.sorted[1:] == self.sorted[:-1])):  # a 64-bit collision: be exact
-            self.fallback = {store.id(r): r for r in range(n)}
-
-    def lookup(self, ids: Sequence[str]):
-        """Rows (int64, -1 where unknown)."""
-        import numpy as np
-
-        if self.fallback is not None:
-            return np.asarray([self.fallback.get(i, -1) for i in ids], dtype=np.int64)
-        h = np.fromiter((_id_hash(i) for i in ids), dtype=np.uint64, count=len(ids))
-        pos = np.searchsorted(self.sorted, h)
-        pos_c = np.minimum(pos, len(self.sorted) - 1)
-        hit = self.sorted[pos_c] == h
-        rows = np.where(hit, self.order[pos_c], -1).astype(np.int64)
-        for j in np.flatnonzero(hit):  # confirm (a hash match of a foreign id is ~1e-12 likely)
-            if self.store.id(int(rows[j])) != ids[j]:
-                rows[j] = -1
-        return rows
-
-
 def _load_identity(encoder_identity) -> Optional[dict]:
     if encoder_identity is None or isinstance(encoder_identity, dict):
         return encoder_identity
@@ -1413,6 +1355,20 @@ def _load_identity(encoder_identity) -> Optional[dict]:
     return ident
 
 
+
+def resolve_encoder_identity(encoder_identity: Optional[str], encoder_spec: Optional[str], what: str, fix: str) -> dict:
+    """The document encoder's identity for precomputed vectors: from an --encoder-identity JSON, or
+    built from --encoder-spec (which loads that encoder); a spec is required either way."""
+    identity = _load_identity(encoder_identity)
+    spec = encoder_spec or (identity or {}).get("spec")
+    if not spec:
+        raise UserError(f"no encoder spec: {what}", fix=fix)
+    if identity is None:
+        from rag_plugin.retrieval.encoders import load_encoder
+
+        identity = load_encoder(spec).identity()
+    return {**identity, "spec": identity.get("spec", spec)}
+
 def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_files: Sequence[PathLike],
                                ids_files: Optional[Sequence[PathLike]] = None, *, trust_pickles: bool = False,
                                encoder_spec: Optional[str] = None, encoder_identity=None,
@@ -1420,42 +1376,34 @@ def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_fil
                                dict_file: Optional[str] = None, bpe_model: Optional[str] = None,
                                gpt2_encoder_json: Optional[str] = None, gpt2_vocab_bpe: Optional[str] = None,
                                shard_size: int = 65536, restart: bool = False, progress: bool = True,
-                               log: Callable[[str], None] = print):
+                               log: Callable[[str], None] = print, input_format=None,
+                               index_file: Optional[str] = None):
     """Build a knowledge source from a passages file and precomputed document vectors.
 
-    Produces exactly the layout of :func:`rag_plugin.retrieval.knowledge.build_knowledge_source`
-    (``passages/``, ``vectors.npy``, ``index.faiss``, ``manifest.json`` last) and reuses it:
-    the passage store is written with :meth:`PassageStore.write` from
-    :func:`read_passages`; the imported vectors are placed, row by row (looked up by passage id),
-    into the builder's embedding shards ``.build/shards/{start:012d}.npy``; then the builder
-    runs in resume mode, finds every shard finished, and assembles ``vectors.npy``, builds the
-    FAISS index (``build_index``) and writes the manifest. No hook in the builder is needed.
+    The knowledge-source builder does the work (:func:`rag_plugin.retrieval.knowledge.build_knowledge_source`,
+    same layout, same resume rules) with its ``precomputed`` hook: the vectors are placed on the
+    passage store's rows by passage id (:class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`)
+    instead of being embedded.
 
     The manifest's encoder identity is ``encoder_identity`` (a dict, a JSON string or file;
     a whole ``manifest.json`` works too) or, without it, the identity of the loaded
     ``encoder_spec``; ``encoder_spec`` (or the identity's ``spec``) is recorded as the spec the
     query encoder is loaded from. Vector ids have a ``wiki:`` prefix removed (newer DPR
     releases). Vectors for ids outside the passages file are ignored (counted); passages
-    without a vector are an error listing a few ids.
+    without a vector are an error listing a few ids. ``input_format`` (an
+    :class:`~rag_plugin.input_format.InputFormat`) is the generator input format the passages
+    are pre-tokenized for (default ``plugin``); ``index_file`` an existing FAISS index over the
+    passages in file order, used instead of building one (``BuildSettings.index_file``).
     """
-    import numpy as np
-
     from rag_plugin.retrieval import knowledge as ks
-    from rag_plugin.retrieval.passages import PassageStore, read_passages
+    from rag_plugin.retrieval.precomputed import PrecomputedVectors
 
     _require_file(passages, "passages file")
     inputs = check_vector_inputs(vector_files, ids_files, trust_pickles)
-    identity = _load_identity(encoder_identity)
-    spec = encoder_spec or (identity or {}).get("spec")
-    if not spec:
-        raise UserError("no encoder spec: the manifest must name the encoder that made the vectors",
-                        fix="pass --encoder-spec (e.g. hf-dpr:PATH of DPR's ctx encoder), or an --encoder-identity "
-                            "JSON that has a 'spec'")
-    if identity is None:
-        from rag_plugin.retrieval.encoders import load_encoder
-
-        identity = load_encoder(spec).identity()
-    identity = {**identity, "spec": identity.get("spec", spec)}
+    identity = resolve_encoder_identity(
+        encoder_identity, encoder_spec, "the manifest must name the encoder that made the vectors",
+        "pass --encoder-spec (e.g. hf-dpr:PATH of DPR's ctx encoder), or an --encoder-identity JSON that has a 'spec'")
+    spec = encoder_spec or identity["spec"]
     if shard_size < 1:
         raise UserError(f"--shard-size must be positive, got {shard_size}")
 
@@ -1470,109 +1418,25 @@ def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_fil
         passages=str(passages), encoder=spec, index_factory=index_factory, split_words=None, dict=dict_file,
         bpe_model=bpe_model, gpt2_encoder_json=gpt2_encoder_json, gpt2_vocab_bpe=gpt2_vocab_bpe,
         train_size=train_size, seed=seed,
+        input_format=None if input_format is None else input_format.identity(), index_file=index_file,
         precomputed_vectors=[{"kind": k, "file": str(p.resolve()), "bytes": p.stat().st_size,
                               **({"ids": str(i.resolve()), "ids_bytes": i.stat().st_size} if i else {})}
                              for k, p, i in inputs],
         precomputed_identity=identity)
-    fp = settings.fingerprint()
-    out = Path(out_dir)
-    mode = ks._check_out_dir(out, fp, restart)
-    if mode == "done":
-        log(f"{out}: knowledge source is up to date")
-        return ks.KnowledgeSource(str(out))
-    state = out / ks.BUILD_DIR
-    shards = state / "shards"
-    shards.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(state / "settings.json", fp)
 
-    # 1. the passage store, as the builder writes it (it skips this step on resume)
-    store_dir = out / "passages"
-    if (store_dir / "meta.json").is_file() and (state / "passages.done").is_file():
-        store = PassageStore(str(store_dir))
-        log(f"passage store: {len(store)} passages (already built)")
-    else:
-        tokenizer = None
-        if dict_file:
-            from rag_plugin.retrieval.tokenization import load_generator_tokenizer
-
-            tokenizer = load_generator_tokenizer(dict_file, bpe_model, gpt2_encoder_json, gpt2_vocab_bpe)
-        elif bpe_model or gpt2_encoder_json:
-            raise UserError("a subword model was given without the generator dictionary",
-                            fix="pass --dict dict.txt as well")
-        store = PassageStore.write(str(store_dir), read_passages(str(passages)), tokenizer=tokenizer,
-                                   source={"file": fp["passages"], "split_words": None}, progress=progress)
-        (state / "passages.done").write_text("ok\n")
-        log(f"passage store: {len(store)} passages")
-    n = len(store)
-    starts = list(range(0, n, shard_size))
-
-    # 2. vectors -> aligned scratch array -> the builder's shards
-    if any(not (shards / f"{s:012d}.npy").is_file() for s in starts):
-        table = _IdTable(store, progress)
-        scratch = state / "aligned.npy"
-        filled = np.zeros(n, dtype=bool)
-        aligned = None
-        dim = None
-        unknown, unknown_examples = 0, []
+    def batches():
         for kind, vpath, ipath in inputs:
             if kind == "pickle":
                 log(f"warning: unpickling {vpath} (--trust-pickles): a pickle can run code when loaded; "
                     "use only files from a source you trust (loading is restricted to numpy arrays)")
             for ids, vecs in _progress(_iter_vector_batches(kind, vpath, ipath), f"import {vpath.name}", progress):
-                if dim is None:
-                    dim = int(vecs.shape[1])
-                    if identity.get("dim") is not None and int(identity["dim"]) != dim:
-                        raise UserError(f"vectors have dimension {dim}, the encoder identity says "
-                                        f"{identity['dim']}", path=str(vpath),
-                                        fix="name the encoder that made these vectors (--encoder-spec / "
-                                            "--encoder-identity)")
-                    aligned = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float32, shape=(n, dim))
-                if vecs.shape[1] != dim:
-                    raise UserError(f"vectors have dimension {vecs.shape[1]}, earlier ones {dim}", path=str(vpath),
-                                    fix="all vectors must come from the same encoder")
-                ids = [i[5:] if i.startswith("wiki:") else i for i in ids]
-                rows = table.lookup(ids)
-                known = rows >= 0
-                if not known.all():
-                    unknown += int((~known).sum())
-                    unknown_examples += [ids[j] for j in np.flatnonzero(~known)[:5 - len(unknown_examples)]]
-                krows = rows[known]
-                if len(krows):
-                    uniq, counts = np.unique(krows, return_counts=True)
-                    dup_rows = np.concatenate([krows[filled[krows]], uniq[counts > 1]])
-                    if len(dup_rows):
-                        raise UserError(f"passage id {store.id(int(dup_rows[0]))!r} has more than one vector",
-                                        path=str(vpath), fix="pass each vectors shard once")
-                aligned[krows] = vecs[known]
-                filled[krows] = True
-        if dim is None:
-            raise UserError("the vectors files hold no vectors", path=str(inputs[0][1]), fix="check the files")
-        missing = np.flatnonzero(~filled)
-        if len(missing):
-            examples = ", ".join(repr(store.id(int(r))) for r in missing[:5])
-            raise UserError(f"{len(missing)} of {n} passages have no vector, e.g. ids {examples}",
-                            path=str(passages),
-                            fix="pass every vectors shard (--vectors), or a passages file limited to the embedded "
-                                "ids; then rerun with --restart")
-        if unknown:
-            log(f"ignored {unknown} vectors whose ids are not in {passages} "
-                f"(e.g. {', '.join(unknown_examples)})")
-        aligned.flush()
-        for s in starts:
-            target = shards / f"{s:012d}.npy"
-            if not target.is_file():
-                with atomic_path(target) as tmp:
-                    with open(tmp, "wb") as fh:
-                        np.save(fh, np.asarray(aligned[s:s + shard_size]), allow_pickle=False)
-        del aligned
-        scratch.unlink()
-    else:
-        dim = int(np.load(shards / f"{starts[0]:012d}.npy", mmap_mode="r").shape[1])
+                yield [i[5:] if i.startswith("wiki:") else i for i in ids], vecs, str(vpath)
 
-    # 3. the builder: finds every shard done, writes vectors.npy, the index and the manifest
-    encoder = _PrecomputedEncoder(dim, {**identity, "dim": identity.get("dim", dim)})
-    return ks.build_knowledge_source(str(out), settings, encoder=encoder,
-                                     shard_size=shard_size, restart=False, progress=progress, log=log)
+    vectors = PrecomputedVectors(batches, identity, passages_path=str(passages),
+                                 missing_fix="pass every vectors shard (--vectors), or a passages file limited to "
+                                             "the embedded ids; then rerun with --restart")
+    return ks.build_knowledge_source(str(out_dir), settings, precomputed=vectors, shard_size=shard_size,
+                                     restart=restart, progress=progress, log=log)
 
 
 # =====================================================================================
@@ -1703,11 +1567,16 @@ def psgs_w100_main(argv=None) -> int:
     p.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 BPE encoder.json (fairseq BART)")
     p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 BPE vocab.bpe (fairseq BART)")
     p.add_argument("--shard-size", type=int, default=65536, help="rows per vectors shard (the unit of resume)")
+    p.add_argument("--input-format", default="plugin", metavar="plugin|hf|FILE",
+                   help="generator input format the passages are pre-tokenized for: plugin (default), hf (the "
+                        "reference RAG's 'title / text // question'), or the input_format.json of a converted "
+                        "Hugging Face RAG checkpoint (scripts/convert_hf_rag.py)")
     p.add_argument("--threads", type=int, default=None, help="FAISS threads (default: all CPUs)")
     p.add_argument("--restart", action="store_true", help="discard an unfinished import in --out and start over")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    from rag_plugin.input_format import InputFormat
     from rag_plugin.retrieval.index import set_faiss_threads
 
     set_faiss_threads(args.threads)
@@ -1716,7 +1585,8 @@ def psgs_w100_main(argv=None) -> int:
         encoder_spec=args.encoder_spec, encoder_identity=args.encoder_identity, index_factory=args.index_factory,
         train_size=args.train_size, seed=args.seed, dict_file=args.dict, bpe_model=args.bpe_model,
         gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe, shard_size=args.shard_size,
-        restart=args.restart, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
+        restart=args.restart, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr),
+        input_format=InputFormat.parse(args.input_format))
     print(f"wrote {args.out}: {len(ks)} passages, dim {ks.dim}, index {ks.manifest['index_factory']}",
           file=sys.stderr)
     return 0

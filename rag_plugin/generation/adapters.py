@@ -3,12 +3,22 @@
 fairseq's beam search drives ``model.encoder.forward_torchscript(net_input)``,
 ``model.encoder.reorder_encoder_out(out, new_order)``, ``model.decoder.forward(tokens,
 encoder_out, incremental_state)``, ``model.decoder.reorder_incremental_state_scripting`` and
-``model.get_normalized_probs``. Rows of the search are questions (x beams); rows of the BART
-generator are (question, document) pairs, question-major. The adapters translate one into
-the other, so the generator's encoder runs once per pair and its incremental cache is
-reordered together with the document dimension.
+``model.get_normalized_probs``. The adapters translate the search's rows into the rows of the
+BART generator:
+
+* The generator's encoder runs once per (question, document) pair, and its output is never
+  copied per beam: the encoder output keeps one row per pair for the whole search, and the
+  decoder's rows are grouped so that the ``beam`` rows reading the same pair are adjacent
+  (RAG-Token: (question, document, beam); RAG-Sequence: (pair, beam), fairseq's own layout).
+  fairseq's cross-attention then computes each pair's keys and values once (its "beamable"
+  path: query rows grouped over fewer key/value rows) and they are never reordered; only the
+  decoder's self-attention cache follows the beams. When finished questions leave the
+  search, their pairs are dropped from the encoder output and the cross-attention cache.
+* RAG-Sequence Thorough rescoring runs the same way: the candidates of a question are scored
+  under each of its documents with the candidates of one pair adjacent, reusing the encoder
+  output (:func:`score_candidates`).
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -16,22 +26,73 @@ from fairseq.models import FairseqEncoder, FairseqIncrementalDecoder
 
 from rag_plugin import marginalization as M
 
+_SEARCH_KEYS = ("doc_lp", "beams")  # entries of the adapters' encoder output that are not BART's
+
 
 def expand_order(new_order: torch.Tensor, k: int) -> torch.Tensor:
     """Question-row order [N] -> (question, document)-row order [N*K]."""
     return (new_order.unsqueeze(1) * k + torch.arange(k, device=new_order.device)).view(-1)
 
 
+def grouped_order(new_order: torch.Tensor, k: int, beam: int) -> torch.Tensor:
+    """Search-row order [N] (row = question * beam + b) -> order of the decoder's
+    (question, document, beam) rows [N*K] (row = (question * K + document) * beam + b)."""
+    if beam == 1:
+        return expand_order(new_order, k)
+    src = new_order.view(-1, beam)                                    # [B', beam] source search rows
+    question = torch.div(src, beam, rounding_mode="floor")
+    b = src - question * beam
+    docs = torch.arange(k, device=new_order.device).view(1, k, 1)
+    return ((question.unsqueeze(1) * k + docs) * beam + b.unsqueeze(1)).reshape(-1)
+
+
+def kept_groups(new_order: torch.Tensor, beam: int) -> torch.Tensor:
+    """The sentences (groups of ``beam`` search rows) that a reorder keeps, in order."""
+    return torch.div(new_order.view(-1, beam)[:, 0], beam, rounding_mode="floor")
+
+
+def _bart_part(encoder_out):
+    return {key: value for key, value in encoder_out.items() if key not in _SEARCH_KEYS}
+
+
+def _select_pairs(rag, encoder_out, pairs: torch.Tensor):
+    """The generator's encoder output restricted to the given pair rows (adapter keys kept)."""
+    out = rag.generator.encoder.reorder_encoder_out(_bart_part(encoder_out), pairs)
+    out.update({key: encoder_out[key] for key in _SEARCH_KEYS if key in encoder_out})
+    return out
+
+
+def reorder_decoder_cache(decoder, incremental_state, row_order: torch.Tensor,
+                          pairs: Optional[torch.Tensor]) -> None:
+    """Reorder a BART decoder's incremental state: self-attention buffers by decoder row
+    (``row_order``); cross-attention buffers (one row per pair) only when pairs were dropped
+    (``pairs``: the pair rows kept, or None when they all stay)."""
+    for layer in decoder.layers:
+        layer.self_attn.reorder_incremental_state(incremental_state, row_order)
+        cross = getattr(layer, "encoder_attn", None)
+        if cross is None or pairs is None:
+            continue
+        buffer = cross._get_input_buffer(incremental_state)
+        if not buffer:
+            continue
+        for key, value in list(buffer.items()):
+            if value is not None and value.size(0) != pairs.numel():
+                buffer[key] = value.index_select(0, pairs)
+        cross._set_input_buffer(incremental_state, buffer)
+
+
 class RetrievingEncoder(FairseqEncoder):
     """Retrieves K documents per question and encodes the B*K generator inputs once.
 
-    Keeps the last batch's retrieval (``last["rows"]`` [B, K], ``last["doc_lp"]`` [B, K])
-    for provenance.
+    Its output keeps one row per (question, document) pair for the whole search, plus
+    ``doc_lp`` [N, K] per search row. Keeps the last batch's retrieval (``last["rows"]``
+    [B, K], ``last["doc_lp"]`` [B, K]) for provenance.
     """
 
     def __init__(self, rag):
         super().__init__(rag.dictionary)
         self.rag = rag
+        self.beam = 1
         self.last: Dict[str, Optional[torch.Tensor]] = {}
 
     def forward_torchscript(self, net_input: Dict[str, torch.Tensor]):
@@ -47,37 +108,58 @@ class RetrievingEncoder(FairseqEncoder):
         return encoder_out
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        doc_lp = encoder_out["doc_lp"][0]
-        inner = {key: value for key, value in encoder_out.items() if key != "doc_lp"}
-        out = self.rag.generator.encoder.reorder_encoder_out(inner, expand_order(new_order, doc_lp.size(1)))
+        doc_lp = encoder_out["doc_lp"][0]                                        # [N, K]
+        k = doc_lp.size(1)
+        out = encoder_out
+        if encoder_out.get("beams"):  # after SequenceGenerator's first call (questions -> beams)
+            kept = kept_groups(new_order, self.beam)
+            if kept.numel() * k != encoder_out["encoder_out"][0].size(1):  # finished questions left
+                out = _select_pairs(self.rag, encoder_out, expand_order(kept, k))
+        out = dict(out)
         out["doc_lp"] = [doc_lp.index_select(0, new_order)]
+        out["beams"] = [new_order.new_full((1,), self.beam)]
         return out
 
 
 class MarginalizingDecoder(FairseqIncrementalDecoder):
-    """RAG-Token's transition: log sum_z p(z|x) p(y_t | x, z, y<t), one step at a time."""
+    """RAG-Token's transition: log sum_z p(z|x) p(y_t | x, z, y<t), one step at a time.
+
+    The search's rows are (question, beam); the generator's decoder runs over (question,
+    document, beam) rows, so each pair's cross-attention keys and values serve its beams.
+    """
 
     def __init__(self, rag):
         super().__init__(rag.dictionary)
         self.rag = rag
         self.n_docs = 1
+        self.beam = 1
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
         doc_lp = encoder_out["doc_lp"][0]                                        # [N, K]
         n, k = doc_lp.shape
-        self.n_docs = k
-        prev = prev_output_tokens.repeat_interleave(k, dim=0) if k > 1 else prev_output_tokens
-        logits, _ = self.rag.generator.decoder(prev, encoder_out=encoder_out, incremental_state=incremental_state)
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs = lprobs.view(n, k, lprobs.size(1), lprobs.size(2))
-        return M.rag_token_marginal_lprobs(lprobs, doc_lp), {"attn": [None]}
+        beam = n * k // encoder_out["encoder_out"][0].size(1)                    # search rows per question
+        self.n_docs, self.beam = k, beam
+        b, t = n // beam, prev_output_tokens.size(1)
+        prev = prev_output_tokens.view(b, 1, beam, t).expand(b, k, beam, t).reshape(b * k * beam, t)
+        logits, _ = self.rag.generator.decoder(prev, encoder_out=_bart_part(encoder_out),
+                                               incremental_state=incremental_state)
+        lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, beam * logits.size(1), logits.size(2))
+        question_lp = doc_lp.view(b, beam, k)[:, 0]                              # the same for every beam
+        marginal = M.rag_token_marginal_lprobs(lprobs, question_lp)              # [b, beam * T, V]
+        return marginal.view(n, logits.size(1), logits.size(2)), {"attn": [None]}
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
-        self.rag.generator.decoder.reorder_incremental_state_scripting(
-            incremental_state, expand_order(new_order, self.n_docs))
+        kept = kept_groups(new_order, self.beam)
+        reorder_decoder_cache(self.rag.generator.decoder, incremental_state,
+                              grouped_order(new_order, self.n_docs, self.beam), expand_order(kept, self.n_docs))
 
     def max_positions(self):
         return self.rag.max_decoder_positions()
+
+
+def _normalized(logits: torch.Tensor, log_probs: bool, already_log_probs: bool):
+    lprobs = logits if already_log_probs else torch.log_softmax(logits.float(), dim=-1)
+    return lprobs if log_probs else lprobs.exp()
 
 
 class RagTokenSearchModel(nn.Module):
@@ -88,29 +170,42 @@ class RagTokenSearchModel(nn.Module):
         self.rag = rag
         self.encoder = RetrievingEncoder(rag)
         self.decoder = MarginalizingDecoder(rag)
+        self.temperature = 1.0  # the generator's; at 1 the marginals are already normalised
+
+    def set_beam_size(self, beam: int) -> None:
+        """Called by SequenceGenerator with the rows per sentence (fairseq's beamable attention hook)."""
+        self.encoder.beam = self.decoder.beam = int(beam)
 
     def max_decoder_positions(self):
         return self.rag.max_decoder_positions()
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         # renormalising is the identity at temperature 1 and tempers correctly otherwise
-        lprobs = torch.log_softmax(net_output[0].float(), dim=-1)
-        return lprobs if log_probs else lprobs.exp()
+        return _normalized(net_output[0], log_probs, already_log_probs=self.temperature == 1.0)
 
 
 class CachedEncoder(FairseqEncoder):
-    """Hands SequenceGenerator an encoder output computed beforehand (B*K pair rows)."""
+    """Hands SequenceGenerator an encoder output computed beforehand: one row per pair, kept
+    un-expanded through the search (``beams`` marks that the search has started)."""
 
     def __init__(self, rag):
         super().__init__(rag.dictionary)
         self.rag = rag
         self.cached = None
+        self.beam = 1
 
     def forward_torchscript(self, net_input):
         return self.cached
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        return self.rag.generator.encoder.reorder_encoder_out(encoder_out, new_order)
+        if not encoder_out.get("beams"):  # SequenceGenerator's first call: each pair -> its beams
+            out = dict(encoder_out)
+            out["beams"] = [new_order.new_full((1,), self.beam)]
+            return out
+        kept = kept_groups(new_order, self.beam)
+        if kept.numel() == encoder_out["encoder_out"][0].size(1):
+            return encoder_out
+        return _select_pairs(self.rag, encoder_out, kept)
 
 
 class PairDecoder(FairseqIncrementalDecoder):
@@ -119,14 +214,16 @@ class PairDecoder(FairseqIncrementalDecoder):
     def __init__(self, rag):
         super().__init__(rag.dictionary)
         self.rag = rag
+        self.beam = 1
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
-        logits, _ = self.rag.generator.decoder(prev_output_tokens, encoder_out=encoder_out,
+        logits, _ = self.rag.generator.decoder(prev_output_tokens, encoder_out=_bart_part(encoder_out),
                                                incremental_state=incremental_state)
         return logits, {"attn": [None]}
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
-        self.rag.generator.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
+        reorder_decoder_cache(self.rag.generator.decoder, incremental_state, new_order,
+                              kept_groups(new_order, self.beam))
 
     def max_positions(self):
         return self.rag.max_decoder_positions()
@@ -141,12 +238,87 @@ class PerDocumentSearchModel(nn.Module):
         self.encoder = CachedEncoder(rag)
         self.decoder = PairDecoder(rag)
 
+    def set_beam_size(self, beam: int) -> None:
+        self.encoder.beam = self.decoder.beam = int(beam)
+
     def max_decoder_positions(self):
         return self.rag.max_decoder_positions()
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
-        lprobs = torch.log_softmax(net_output[0].float(), dim=-1)
-        return lprobs if log_probs else lprobs.exp()
+        return _normalized(net_output[0], log_probs, already_log_probs=False)
+
+
+def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List[torch.Tensor],
+                     known: Optional[Dict[Tuple[int, int], torch.Tensor]] = None,
+                     max_cells: int = 16_000_000, max_padding: float = 1.25) -> torch.Tensor:
+    """Thorough rescoring: log p(y_t | x, z, y<t) of every candidate under every document of
+    its question, [C, K, T] (T = longest candidate; 0 beyond each candidate's length).
+
+    ``encoder_out`` holds one row per (question, document) pair (question-major), ``owner``
+    Long[C] the question of each candidate, ``tokens`` the C candidates (each ending in </s>).
+    ``known[(c, d)]``: per-token scores already computed for candidate c under document d
+    (its beam found it); only the other (candidate, document) pairs run the decoder, as in
+    the paper's Thorough decoding. Pairs are taken in chunks; a chunk runs the decoder once over
+    rows grouped by pair, every pair's list padded to the chunk's longest (at most
+    ``max_padding`` x the real rows, at most ``max_cells`` logits), so the cross-attention keys
+    and values of a pair are computed once and shared by its candidates.
+    """
+    pad, eos = rag.pad, rag.eos
+    device = encoder_out["encoder_out"][0].device
+    c = len(tokens)
+    t = max(len(y) for y in tokens)
+    out = torch.zeros(c, k, t)
+    known = known or {}
+    for (ci, d), scores in known.items():
+        out[ci, d, : len(scores)] = scores
+    by_question: Dict[int, List[int]] = {}
+    for i, q in enumerate(owner.tolist()):
+        by_question.setdefault(q, []).append(i)
+    wanted = {}                                           # pair row -> candidates to score under it
+    for q, cands in by_question.items():
+        for d in range(k):
+            todo = [ci for ci in cands if (ci, d) not in known]
+            if todo:
+                wanted[q * k + d] = todo
+    if not wanted:
+        return out
+    target = torch.full((c, t), pad, dtype=torch.long)
+    prev = torch.full((c, t), pad, dtype=torch.long)
+    for i, y in enumerate(tokens):
+        target[i, : len(y)] = y
+        prev[i, 0] = eos
+        prev[i, 1: len(y)] = y[:-1]
+    order = sorted(wanted, key=lambda pair: (-len(wanted[pair]), pair))
+    vocab = len(rag.dictionary)
+    start = 0
+    while start < len(order):
+        h = len(wanted[order[start]])                     # the chunk's longest list
+        end, real = start, 0
+        while end < len(order):
+            n = len(wanted[order[end]])
+            rows = (end - start + 1) * h
+            if end > start and (rows > max_padding * (real + n) or rows * t * vocab > max_cells):
+                break
+            real += n
+            end += 1
+        pairs = order[start:end]
+        enc = rag.generator.encoder.reorder_encoder_out(_bart_part(encoder_out), torch.tensor(pairs, device=device))
+        step = max(1, max_cells // (len(pairs) * t * vocab))  # a single long list goes in slices
+        for lo in range(0, h, step):
+            hi = min(h, lo + step)
+            # rows (pair, slot); a shorter list repeats its last candidate
+            rows = torch.tensor([wanted[p][min(j, len(wanted[p]) - 1)] for p in pairs for j in range(lo, hi)])
+            logits, _ = rag.generator.decoder(prev[rows].to(device), encoder_out=enc)
+            tgt = target[rows].to(device)
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            lp = lp.masked_fill(tgt.eq(pad), 0.0).view(len(pairs), hi - lo, t).cpu()
+            del logits
+            for pi, p in enumerate(pairs):
+                cands = wanted[p][lo:hi]
+                if cands:
+                    out[torch.tensor(cands), p % k] = lp[pi, : len(cands)]
+        start = end
+    return out
 
 
 def teacher_forced_token_lp(rag, encoder_out, pair_rows: torch.Tensor, targets: List[torch.Tensor],

@@ -7,9 +7,12 @@ Line format (tab-separated), one per retrieved document, best first::
 and, optionally, JSON lines with the same facts (``--provenance-out``) and RAG-Token's
 per-token document posterior (``--doc-posterior-out``; the paper's Figure 2).
 """
+import atexit
 import json
+import os
 import sys
-from typing import IO, List, Optional
+from pathlib import Path
+from typing import IO, Dict, List, Optional
 
 import torch
 
@@ -83,7 +86,56 @@ def token_doc_posteriors(rag, sample, hypos, rows, doc_lp, tokenizer, store) -> 
     return out
 
 
-def append_jsonl(path: str, records: List[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
+class _JsonlOutput:
+    """A JSON-lines file written while generating: into ``<path>.partial`` (replaced at the
+    first write of this run, never appended to an old run's), renamed onto ``path`` once it is
+    complete: when every one of ``expected`` samples is in it, or (``expected`` unknown, as in
+    fairseq-interactive) when the process ends normally. A run that fails or is killed leaves
+    only the ``.partial`` file, never a ``path`` that looks complete."""
+
+    def __init__(self, path: str, expected: Optional[int]):
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.expected = expected
+        self.samples = set()
+        self.done = False
+        self.fh = open(self.partial, "w", encoding="utf-8")
+        atexit.register(self._at_exit)
+
+    def write(self, records: List[dict]) -> None:
+        if self.done:  # more records after completion: reopen the finished file
+            os.replace(self.path, self.partial)
+            self.fh = open(self.partial, "a", encoding="utf-8")
+            self.done = False
         for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+            self.fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+            self.samples.add(r.get("sample_id"))
+        self.fh.flush()
+        if self.expected is not None and len(self.samples) >= self.expected:
+            self.finish()
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.replace(self.partial, self.path)
+        self.done = True
+
+    def _at_exit(self) -> None:
+        if not self.done and getattr(sys, "last_value", None) is None:  # no uncaught exception
+            self.finish()
+
+
+_OUTPUTS: Dict[str, _JsonlOutput] = {}
+
+
+def append_jsonl(path: str, records: List[dict], expected: Optional[int] = None) -> None:
+    """Add ``records`` (each with a ``sample_id``) to the JSON-lines output ``path`` of this run;
+    ``expected``: how many samples the run generates for (see :class:`_JsonlOutput`)."""
+    key = os.path.abspath(path)
+    out = _OUTPUTS.get(key)
+    if out is None:
+        out = _OUTPUTS[key] = _JsonlOutput(path, expected)
+    out.write(records)

@@ -4,8 +4,10 @@ For each question, beam search runs under each of its K documents (one batched s
 B*K pair rows). The union of the K beams' hypotheses is the candidate set Y. Each candidate
 y is scored by the marginal ``log sum_z p(z|x) p(y|x,z)``:
 
-* Thorough: ``p(y|x,z)`` for every (y, z) by teacher forcing, in batched forward passes that
-  reuse the encoder outputs (no re-encoding, no re-retrieval, no per-question loop);
+* Thorough: ``p(y|x,z)`` for every (y, z): from z's beam where y was found there, otherwise by
+  teacher forcing (the paper's additional forward passes), batched over all questions, reusing
+  the encoder outputs and computing each pair's cross-attention keys and values once for all
+  its candidates (no re-encoding, no re-retrieval, no per-question loop);
 * Fast: ``p(y|x,z)`` from the beams where y was found, 0 where it was not.
 
 Scores are normalised by ``len(y) ** lenpen`` like fairseq's (``--unnormalized`` to not).
@@ -16,7 +18,7 @@ import torch
 from fairseq.tasks import FairseqTask
 
 from rag_plugin import marginalization as M
-from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, teacher_forced_token_lp
+from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, score_candidates
 
 DECODINGS = ("thorough", "fast")
 
@@ -35,6 +37,10 @@ class RagSequenceGenerator(RagGeneratorBase):
         self.lenpen = float(getattr(args, "lenpen", 1.0))
         self.normalize = not getattr(args, "unnormalized", False)
         self.nbest = int(getattr(args, "nbest", 1))
+        # Thorough: scores of (hypothesis, document) pairs that the document's beam found are
+        # reused; only the other pairs are teacher-forced (the paper's "additional forward pass
+        # for each document z for which y does not appear in the beam"). False re-scores all.
+        self.reuse_beam_scores = True
 
     def _generate(self, models, sample, prefix_tokens=None, **unused):
         ni = sample["net_input"]
@@ -81,11 +87,17 @@ class RagSequenceGenerator(RagGeneratorBase):
                 token_lp[ci, d] = 0.0
                 token_lp[ci, d, : len(scores)] = scores
             return token_lp
-        pair_rows = (owner.unsqueeze(1) * k + torch.arange(k)).view(-1)            # [C*K]
-        targets = [y for y in tokens for _ in range(k)]
-        device = encoder_out["encoder_out"][0].device
-        lp = teacher_forced_token_lp(self.rag, encoder_out, pair_rows.to(device), targets)
-        return lp.view(c, k, -1)[..., :t].cpu()
+        known = found if self.reuse_beam_scores and self._beam_scores_are_model_scores() else None
+        return score_candidates(self.rag, encoder_out, k, owner, tokens, known=known)
+
+    def _beam_scores_are_model_scores(self) -> bool:
+        """A hypothesis' beam scores equal its teacher-forced log-probabilities unless the search
+        changed the distribution (temperature, unknown-word penalty, sampling)."""
+        from fairseq.search import Sampling
+
+        s = self.search
+        return (float(getattr(s, "temperature", 1.0)) == 1.0 and float(getattr(s, "unk_penalty", 0.0)) == 0.0
+                and not isinstance(getattr(s, "search", None), Sampling))
 
     def _rank(self, owner, tokens, positional, b: int):
         results: List[List[dict]] = [[] for _ in range(b)]

@@ -19,6 +19,7 @@ class RagTokenGenerator(RagGeneratorBase):
         self.search_model = RagTokenSearchModel(rag)
         self.search = FairseqTask.build_generator(task, [self.search_model], args,
                                                   extra_gen_cls_kwargs=extra_gen_cls_kwargs)
+        self.search_model.temperature = float(getattr(self.search, "temperature", 1.0))
 
     def _generate(self, models, sample, **kwargs):
         hypos = self.search.generate([self.search_model], sample, **kwargs)

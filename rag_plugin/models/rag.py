@@ -30,14 +30,28 @@ from rag_plugin.models.generator import build_bart, count_parameters, load_gener
 logger = logging.getLogger(__name__)
 
 
+def _generator_init(cfg) -> str:
+    init = str(getattr(cfg, "generator_init", "auto"))
+    if init == "auto":
+        return "xavier" if str(cfg.generator_size) == "tiny" else "bart"
+    return init
+
+
 @dataclass
 class RagConfig(FairseqDataclass):
     generator_size: ChoiceEnum(["tiny", "base", "large"]) = field(
-        default="tiny", metadata={"help": "generator sizes: tiny (3+3 layers, d=256), base (bart.base), large (bart.large)"})
+        default="tiny", metadata={"help": "generator sizes: tiny (2+2 layers, d=192), base (bart.base), large (bart.large)"})
     generator_embed_dim: int = field(default=0, metadata={"help": "override the size preset's model dimension"})
     generator_layers: int = field(default=0, metadata={"help": "override the preset's encoder and decoder layers"})
     generator_heads: int = field(default=0, metadata={"help": "override the preset's attention heads"})
     generator_ffn_dim: int = field(default=0, metadata={"help": "override the preset's feed-forward dimension"})
+    generator_positions: ChoiceEnum(["learned", "sinusoidal"]) = field(
+        default="learned", metadata={"help": "position embeddings of a generator trained from scratch: 'learned' "
+                                             "(BART's) or 'sinusoidal' (fixed; copying is learned in fewer updates)"})
+    generator_init: ChoiceEnum(["auto", "bart", "xavier"]) = field(
+        default="auto", metadata={"help": "initialisation of a generator trained from scratch: 'bart' (N(0, 0.02)), "
+                                          "'xavier' (fairseq's transformer: copying is learned far sooner at small "
+                                          "sizes), 'auto' = xavier for the tiny size, bart otherwise"})
     generator_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "initialise the generator from a fairseq BART model.pt (bart.base / bart.large)"})
     query_encoder: str = field(
@@ -61,6 +75,11 @@ class RagConfig(FairseqDataclass):
     attention_dropout: float = field(default=0.0, metadata={"help": "generator attention dropout"})
     activation_dropout: float = field(default=0.0, metadata={"help": "generator activation dropout"})
     max_source_positions: int = field(default=256, metadata={"help": "generator input length (question + passage)"})
+    input_format: ChoiceEnum(["plugin", "hf"]) = field(
+        default="plugin", metadata={"help": "generator input: plugin ('<s> question </s> title </s> passage </s>') or "
+                                            "hf (the reference RAG's '<s> title / passage // question </s>', for "
+                                            "converted Hugging Face checkpoints); the knowledge source must be "
+                                            "pre-tokenized for the same format (see rag_plugin/input_format.py)"})
     max_target_positions: int = field(default=128, metadata={"help": "generator output length"})
 
 
@@ -128,6 +147,7 @@ class RagModel(BaseFairseqModel):
         if query_encoder is not None and not cfg.freeze_query_encoder and cfg.query_encoder_lr_scale != 1.0:
             scale_learning_rate(query_encoder, cfg.query_encoder_lr_scale)
         self.doc_score_scale = cfg.doc_score_scale or 1.0  # the task sets the automatic value
+        self.input_format = input_format.InputFormat(str(cfg.input_format))  # the task sets the exact one
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -136,7 +156,8 @@ class RagModel(BaseFairseqModel):
         dictionary = task.dictionary
         generator = build_bart(cfg.generator_size, dictionary, cfg.max_source_positions, cfg.max_target_positions,
                                cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.generator_embed_dim,
-                               cfg.generator_layers, cfg.generator_heads, cfg.generator_ffn_dim)
+                               cfg.generator_layers, cfg.generator_heads, cfg.generator_ffn_dim,
+                               str(cfg.generator_positions), _generator_init(cfg))
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
         query_encoder = None
@@ -179,7 +200,10 @@ class RagModel(BaseFairseqModel):
         grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
         with torch.set_grad_enabled(grad):
             q = self.query_encoder(query_tokens, query_mask)                      # [B, D]
-        found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs)
+        from rag_plugin.retrieval.index import step_search_threads
+
+        threads = step_search_threads(self.retriever.knowledge.index, q.size(0), torch.get_num_threads())
+        found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs, threads=threads)
         rows = torch.from_numpy(found.rows)
         d = torch.from_numpy(self.retriever.doc_vectors(found.rows)).to(q)        # [B, K, D] frozen
         scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1) * self.doc_score_scale  # [B, K]
@@ -192,8 +216,8 @@ class RagModel(BaseFairseqModel):
         if rows is not None:
             store = self.retriever.store
             docs = [[(store.title_tokens(int(r)), store.text_tokens(int(r))) for r in row] for row in rows.tolist()]
-        src, lengths = input_format.batch_inputs(questions, docs, self.bos, self.eos, self.pad,
-                                                 self.cfg.max_source_positions)
+        src, lengths = self.input_format.batch(questions, docs, self.bos, self.eos, self.pad,
+                                               self.cfg.max_source_positions)
         device = src_tokens.device
         return src.to(device), lengths.to(device)
 

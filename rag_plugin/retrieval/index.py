@@ -37,8 +37,7 @@ def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, se
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as err:
-        first = str(err).strip().splitlines()[-1] if str(err).strip() else "invalid"
-        raise UserError(f"FAISS cannot build index {factory!r}: {first}",
+        raise UserError(f"FAISS cannot build index {factory!r}: {_faiss_reason(err)}",
                         fix="use e.g. Flat, HNSW32, IVF256,SQ8 or IVF256,PQ16") from None
     if not index.is_trained:
         nlist = _ivf_nlist(index)
@@ -65,6 +64,30 @@ def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, se
     return index
 
 
+def _faiss_reason(err: RuntimeError) -> str:
+    """FAISS's message without its C++ location ("Error in ... at file.cpp:123: what")."""
+    text = " ".join(str(err).split())
+    return text.rsplit(": ", 1)[-1] if " at " in text and ".cpp:" in text else (text or "invalid")
+
+
+def check_factory(factory: str, dim: int, n: int) -> None:
+    """Raise :class:`UserError` now, before hours of embedding, if :func:`build_index` would
+    refuse ``factory`` for ``n`` vectors of dimension ``dim``."""
+    faiss = _faiss()
+    try:
+        index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise UserError(f"FAISS cannot build index {factory!r} for dimension {dim}: {_faiss_reason(err)}",
+                        fix="use e.g. Flat, HNSW32, IVF256,SQ8 or IVF256,PQ16 (PQ<m>: m must divide the "
+                            "dimension)") from None
+    if not index.is_trained:
+        nlist = _ivf_nlist(index)
+        if nlist is not None and n < nlist:
+            raise UserError(f"index {factory!r} needs at least {nlist} vectors to train its "
+                            f"{nlist} lists, the collection has {n}",
+                            fix=f"use fewer lists (e.g. IVF{max(1, int(np.sqrt(n)))},SQ8) or Flat")
+
+
 def _ivf_nlist(index) -> Optional[int]:
     faiss = _faiss()
     try:
@@ -89,18 +112,47 @@ def set_search_params(index, nprobe: Optional[int] = None, ef_search: Optional[i
             raise UserError("--ef-search applies to HNSW indexes only", fix="drop --ef-search") from None
 
 
-def search(index, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` by inner product: (scores float32 [B, k], rows int64 [B, k]), best first."""
+def search(index, queries: np.ndarray, k: int, threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` by inner product: (scores float32 [B, k], rows int64 [B, k]), best first.
+
+    ``threads``: FAISS threads for this call only (default: FAISS's current setting).
+    """
     if k < 1:
-        raise UserError(f"k must be at least 1, got {k}")
+        raise UserError(f"k must be at least 1, got {k}", fix="ask for 1 or more passages")
     if k > index.ntotal:
         raise UserError(f"k={k} is larger than the collection ({index.ntotal} passages)",
                         fix=f"ask for at most {index.ntotal}")
     if queries.ndim != 2 or queries.shape[1] != index.d:
         raise UserError(f"query vectors have dimension {queries.shape[-1]}, the index {index.d}",
                         fix="use the query encoder that matches the knowledge source's document encoder")
-    scores, rows = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-    return scores, rows
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if threads is None:
+        return index.search(queries, k)
+    faiss = _faiss()
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, int(threads)))
+    try:
+        return index.search(queries, k)
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+# Below this many multiply-adds (exact-search equivalent: queries x vectors x dimension, about
+# 10 ms on one core) a search is not worth a parallel region.
+SMALL_SEARCH = 100_000_000
+
+
+def step_search_threads(index, n_queries: int, compute_threads: int) -> int:
+    """FAISS threads for a search inside a training or decoding step.
+
+    FAISS and torch each bring their own OpenMP runtime, whose threads spin for a while after
+    every parallel region: on the cores torch is using, FAISS's threads only slow torch down.
+    A small search runs on one thread; a large one on at most torch's thread count (and at
+    most one thread per query, FAISS's unit of parallelism).
+    """
+    if n_queries * index.ntotal * index.d < SMALL_SEARCH:
+        return 1
+    return max(1, min(int(compute_threads), int(n_queries)))
 
 
 def write_index(index, path: str) -> None:

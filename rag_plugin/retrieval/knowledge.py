@@ -12,7 +12,14 @@ Directory layout (``KS_DIR``)::
 
 The builder is resumable: embedding shards land atomically in ``.build/shards`` and a rerun
 skips the finished ones. A half-built directory has no manifest and cannot be loaded.
-"""
+
+Hooks of :func:`build_knowledge_source` for sources that are not (only) text files to embed:
+``collection`` (passages from another reader, e.g. a Hugging Face dataset), ``precomputed``
+(:class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`: document vectors computed
+elsewhere, placed by passage id, in place of an encoder) and ``BuildSettings.index_file`` (an
+existing FAISS index over the same rows, checked and used instead of building one);
+``BuildSettings.input_format`` says which generator input format the passages are
+pre-tokenized for (see :mod:`rag_plugin.input_format`)."""
 from __future__ import annotations
 
 import hashlib
@@ -22,12 +29,12 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Callable, Iterable, List, Optional, Union
 
 import numpy as np
 
 from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json, sha256_file
+from rag_plugin.io_utils import atomic_path, atomic_write_json, atomic_write_text, sha256_file
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.passages import PassageStore, read_collection
 
@@ -50,9 +57,17 @@ class BuildSettings:
     gpt2_vocab_bpe: Optional[str] = None
     train_size: int = 100_000
     seed: int = 0
+    input_format: Optional[dict] = None  # InputFormat.identity() the passages are pre-tokenized for
+    index_file: Optional[str] = None      # an existing FAISS index over these rows, used as is
 
     def fingerprint(self) -> dict:
         out = asdict(self)
+        for key in ("input_format", "index_file"):  # absent when unset: older builds keep their fingerprint
+            if out[key] is None:
+                del out[key]
+        if self.index_file:
+            out["index_file_sha256"] = sha256_file(self.index_file)
+            out["index_file"] = str(Path(self.index_file).resolve())
         if isinstance(self.passages, str):
             p = Path(self.passages)
             out["passages"] = str(p.resolve())
@@ -72,6 +87,22 @@ def passage_files(settings: BuildSettings) -> List[str]:
 
 
 # ---------------------------------------------------------------------------------- loading
+#: File names that hold (or usually hold) Python pickles, which can run code when loaded.
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".ckpt", ".joblib", ".npz")
+
+
+def refuse_pickles(directory: Path) -> None:
+    """A knowledge source holds arrays (``.npy``, raw ``.bin``/``.idx``), a FAISS file and JSON,
+    never a pickle: refuse a directory that has one (it may come from an untrusted source, and
+    nothing here would ever need to unpickle it)."""
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file() and path.name.lower().endswith(PICKLE_SUFFIXES):
+            raise UserError("knowledge source holds a pickle file, which could run code when loaded; "
+                            "nothing was loaded", path=str(path),
+                            fix="a knowledge source needs no pickles: delete the file if you trust the source, "
+                                "else rebuild it with scripts/build_knowledge_source.py")
+
+
 class KnowledgeSource:
     """A loaded, verified knowledge source (see the module docstring for the layout)."""
 
@@ -96,6 +127,7 @@ class KnowledgeSource:
             raise UserError("manifest is corrupted or of an unknown format", path=str(mpath),
                             fix="rebuild the knowledge source") from None
         self.directory = d
+        refuse_pickles(d)
         self.passages = PassageStore(str(d / "passages"))
         if len(self.passages) != count or self.passages.sha256 != self.manifest["passage_store"]["sha256"]:
             raise UserError(f"passage store ({len(self.passages)} passages) does not match the "
@@ -107,7 +139,11 @@ class KnowledgeSource:
         except FileNotFoundError:
             raise UserError("document vectors missing", path=str(vpath),
                             fix="rebuild the knowledge source") from None
-        except ValueError:
+        except ValueError as err:
+            if "allow_pickle" in str(err) or "Python objects" in str(err):
+                raise UserError("document vectors hold Python objects (a pickle); they were not loaded",
+                                path=str(vpath), fix="a knowledge source holds plain float32 arrays: "
+                                "rebuild it, or get it from a source you trust") from None
             raise UserError("document vectors are corrupted or truncated", path=str(vpath),
                             fix="rebuild the knowledge source") from None
         if self.vectors.shape != (count, dim) or self.vectors.dtype != np.float32:
@@ -131,6 +167,11 @@ class KnowledgeSource:
     @property
     def encoder_identity(self) -> dict:
         return self.manifest["encoder"]
+
+    @property
+    def input_format(self):
+        """The :class:`~rag_plugin.input_format.InputFormat` the passages were pre-tokenized for."""
+        return self.passages.input_format
 
     @property
     def index(self):
@@ -184,6 +225,36 @@ class KnowledgeSource:
 
 
 # ---------------------------------------------------------------------------------- building
+def _read_json_or_none(path: Path):
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _discard_unstarted_build_on_error(build):
+    """A build into a new (or empty) directory that fails on bad input (:class:`UserError`)
+    before any vector was computed removes what it created: after fixing the input, the same
+    command starts afresh (no --restart, no "unfinished build with other settings")."""
+    import functools
+
+    @functools.wraps(build)
+    def wrapper(out_dir, *args, **kwargs):
+        out = Path(out_dir)
+        fresh = not out.exists() or (out.is_dir() and not any(out.iterdir()))
+        try:
+            return build(out_dir, *args, **kwargs)
+        except UserError:
+            shards = out / BUILD_DIR / "shards"
+            started = (out / MANIFEST).exists() or (shards.is_dir() and any(shards.glob("*.npy")))
+            if fresh and out.is_dir() and not started:
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+
+    return wrapper
+
+
 def _check_out_dir(out: Path, fingerprint: dict, restart: bool) -> str:
     """Decide what to do with ``out``: 'new', 'resume' or 'done'; refuse foreign content."""
     if not out.exists():
@@ -196,7 +267,10 @@ def _check_out_dir(out: Path, fingerprint: dict, restart: bool) -> str:
         return "new"
     state = out / BUILD_DIR / "settings.json"
     if MANIFEST in entries:
-        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        manifest = _read_json_or_none(out / MANIFEST)
+        if manifest is None:
+            raise UserError("output directory holds a knowledge source whose manifest is corrupted",
+                            path=str(out / MANIFEST), fix="choose another --out or delete it first")
         if manifest.get("build_settings") == fingerprint:
             return "done"
         raise UserError("output directory already holds a knowledge source built with other "
@@ -205,7 +279,7 @@ def _check_out_dir(out: Path, fingerprint: dict, restart: bool) -> str:
         if restart:
             shutil.rmtree(out)
             return "new"
-        if json.loads(state.read_text(encoding="utf-8")) == fingerprint:
+        if _read_json_or_none(state) == fingerprint:
             return "resume"
         raise UserError("output directory holds an unfinished build with other settings",
                         path=str(out), fix="rerun with the same settings, or add --restart to discard it")
@@ -242,18 +316,27 @@ class _VectorReuse:
         return found, rows, missing
 
 
+@_discard_unstarted_build_on_error
 def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                            shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
-                           progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None
+                           progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None,
+                           collection: Optional[Callable[[], Iterable]] = None, precomputed=None
                            ) -> KnowledgeSource:
     """Build (or resume building) a knowledge source in ``out_dir``.
 
     ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
     vectors are copied for unchanged passages (an updated collection re-embeds only what changed).
+    ``collection``: a callable returning the passages (:class:`Passage` items) in place of
+    reading ``settings.passages`` (which still name the input files, for the fingerprint).
+    ``precomputed``: a :class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`, document
+    vectors computed elsewhere, in place of ``encoder``.
     """
+    from rag_plugin.input_format import InputFormat
     from rag_plugin.retrieval.encoders import load_encoder
     from rag_plugin.retrieval.tokenization import load_generator_tokenizer
 
+    if precomputed is not None and (encoder is not None or reuse_vectors_from):
+        raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
     out = Path(out_dir)
     for path in passage_files(settings):
         if not Path(path).is_file():
@@ -271,7 +354,12 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     elif settings.bpe_model or settings.gpt2_encoder_json:
         raise UserError("a subword model was given without the generator dictionary",
                         fix="pass --dict dict.txt as well")
-    encoder = encoder if encoder is not None else load_encoder(settings.encoder)
+    input_format = InputFormat.from_identity(settings.input_format)
+    if input_format.name != "plugin" and tokenizer is None:
+        raise UserError(f"the {input_format.name} input format is a way of pre-tokenizing passages: it needs the "
+                        "generator's tokenizer", fix="pass --dict and the subword model files as well")
+    if precomputed is None:
+        encoder = encoder if encoder is not None else load_encoder(settings.encoder)
     state = out / BUILD_DIR
     shards = state / "shards"
     shards.mkdir(parents=True, exist_ok=True)
@@ -283,21 +371,31 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         store = PassageStore(str(store_dir))
         log(f"passage store: {len(store)} passages (already built)")
     else:
-        store = PassageStore.write(str(store_dir), read_collection(passage_files(settings), settings.split_words),
+        passages = (collection() if collection is not None
+                    else read_collection(passage_files(settings), settings.split_words))
+        store = PassageStore.write(str(store_dir), passages,
                                    tokenizer=tokenizer, source={"file": fingerprint["passages"],
                                                                 "split_words": settings.split_words},
-                                   progress=progress)
-        (state / "passages.done").write_text("ok\n")
+                                   progress=progress, input_format=input_format)
+        atomic_write_text(state / "passages.done", "ok\n")
         log(f"passage store: {len(store)} passages")
 
     # 2. embedding shards, each written atomically; finished ones are skipped
     n = len(store)
-    dim = int(encoder.dim)
     starts = list(range(0, n, shard_size))
     todo = [s for s in starts if not (shards / f"{s:012d}.npy").is_file()]
+    if precomputed is not None:  # vectors made elsewhere: placed into the shards by passage id
+        if todo:
+            precomputed.write_shards(store, shards, starts, shard_size, state / "aligned.npy", progress, log)
+        else:
+            precomputed.dim = int(np.load(shards / f"{starts[0]:012d}.npy", mmap_mode="r").shape[1])
+        encoder, todo = precomputed, []
+    dim = int(encoder.dim)
+    if not getattr(settings, "index_file", None):  # refuse a bad --index-factory now, not after embedding
+        faiss_index.check_factory(settings.index_factory, dim, n)
     reuse = _VectorReuse(reuse_vectors_from, encoder.identity()) if reuse_vectors_from else None
     bar = None
-    if progress:
+    if progress and todo:
         from tqdm import tqdm
         bar = tqdm(total=n, initial=n - sum(min(shard_size, n - s) for s in todo),
                    desc="embedding", unit=" psg", mininterval=1.0, smoothing=0.1)
@@ -340,10 +438,20 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         del vectors
     vectors = np.load(out / "vectors.npy", mmap_mode="r")
 
-    # 4. the index
-    index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
-                                    seed=settings.seed, progress=progress)
-    faiss_index.write_index(index, str(out / "index.faiss"))
+    # 4. the index (or an existing one over the same rows: checked, then copied)
+    if settings.index_file:
+        from rag_plugin.retrieval.precomputed import use_index_file
+
+        index = use_index_file(settings.index_file, vectors, log)
+        index_factory = f"imported {type(faiss_index._faiss().downcast_index(index)).__name__}"
+        del index
+        with atomic_path(out / "index.faiss") as tmp:
+            shutil.copyfile(settings.index_file, tmp)
+    else:
+        index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
+                                        seed=settings.seed, progress=progress)
+        index_factory = settings.index_factory
+        faiss_index.write_index(index, str(out / "index.faiss"))
 
     # 5. the generator tokenizer travels with the passages it tokenized
     tok_files = {}
@@ -366,7 +474,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         "count": n,
         "dim": dim,
         "metric": "inner_product",
-        "index_factory": settings.index_factory,
+        "index_factory": index_factory,
         "index_bytes": os.path.getsize(out / "index.faiss"),
         "encoder_spec": settings.encoder,
         "encoder": identity,
@@ -378,5 +486,5 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     }
     atomic_write_json(out / MANIFEST, manifest)
     shutil.rmtree(state, ignore_errors=True)
-    log(f"{out}: {n} passages, dim {dim}, index {settings.index_factory}")
+    log(f"{out}: {n} passages, dim {dim}, index {index_factory}")
     return KnowledgeSource(str(out))

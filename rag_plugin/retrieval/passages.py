@@ -15,7 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,7 +50,7 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
                         line=lineno, fix="re-encode the file as UTF-8") from None
 
 
-def _read_tsv(path: Path) -> Iterator[Passage]:
+def _read_tsv(path: Path) -> Iterator[Tuple[int, Passage]]:
     with _open_text(path) as fh:
         header = fh.readline()
         if not header:
@@ -71,10 +71,10 @@ def _read_tsv(path: Path) -> Iterator[Passage]:
             pid, text, title = parts
             if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
                 text = text[1:-1].replace('""', '"')  # DPR's csv-style quoting
-            yield Passage(pid.strip(), title, text)
+            yield lineno, Passage(pid.strip(), title, text)
 
 
-def _read_jsonl(path: Path) -> Iterator[Passage]:
+def _read_jsonl(path: Path) -> Iterator[Tuple[int, Passage]]:
     with _open_text(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             line = _decode(raw, path, lineno).strip()
@@ -96,7 +96,7 @@ def _read_jsonl(path: Path) -> Iterator[Passage]:
             if not isinstance(obj["text"], str) or not isinstance(title, str):
                 raise UserError("fields 'title' and 'text' must be strings", path=str(path),
                                 line=lineno, fix="fix that line")
-            yield Passage(str(obj["id"]), title, obj["text"])
+            yield lineno, Passage(str(obj["id"]), title, obj["text"])
 
 
 def split_passage(p: Passage, words: int) -> List[Passage]:
@@ -124,19 +124,26 @@ def read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Pass
         raise UserError("unknown passages format", path=path,
                         fix="use a .tsv file (DPR layout: id, text, title) or a .jsonl file")
     if split_words is not None and split_words <= 0:
-        raise UserError(f"--split-words must be positive, got {split_words}")
+        raise UserError(f"--split-words must be positive, got {split_words}",
+                        fix="use e.g. --split-words 100 (the paper's passages), or leave it out")
     seen: set = set()
+    pieces: set = set()  # ids made by splitting ("<id>_<n>") must not collide with any other
     count = 0
-    for lineno, passage in enumerate(rows, 1):
+    for lineno, passage in rows:
         if not passage.id:
-            raise UserError("empty passage id", path=path, fix="give every passage an id")
+            raise UserError("empty passage id", path=path, line=lineno, fix="give every passage an id")
         if passage.id in seen:
-            raise UserError(f"duplicate passage id {passage.id!r}", path=path,
+            raise UserError(f"duplicate passage id {passage.id!r}", path=path, line=lineno,
                             fix="make passage ids unique")
         seen.add(passage.id)
         if not passage.text.strip() and not passage.title.strip():
             continue  # nothing to retrieve; an empty passage would only add noise
         for piece in (split_passage(passage, split_words) if split_words else [passage]):
+            if split_words:
+                if piece.id in pieces or (piece.id != passage.id and piece.id in seen):
+                    raise UserError(f"splitting makes passage id {piece.id!r}, which another passage has",
+                                    path=path, line=lineno, fix="rename that passage, or do not split")
+                pieces.add(piece.id)
             count += 1
             yield piece
     if count == 0:
@@ -241,6 +248,13 @@ class PassageStore:
     def tokenizer_identity(self) -> Optional[dict]:
         return self.meta.get("tokenizer")
 
+    @property
+    def input_format(self):
+        """The :class:`~rag_plugin.input_format.InputFormat` the token fields were made for."""
+        from rag_plugin.input_format import InputFormat
+
+        return InputFormat.from_identity(self.meta.get("input_format"))
+
     def _string(self, field: str, row: int) -> str:
         return self._strings[field][row].tobytes().decode("utf-8")
 
@@ -279,13 +293,17 @@ class PassageStore:
     @staticmethod
     def write(directory: str, passages: Iterable[Passage], tokenizer=None,
               source: Optional[dict] = None, batch_size: int = 512,
-              progress: bool = True) -> "PassageStore":
+              progress: bool = True, input_format=None) -> "PassageStore":
         """Write a store atomically: into ``<directory>.tmp``, then renamed onto ``directory``.
 
         ``tokenizer`` (a :class:`~rag_plugin.retrieval.tokenization.GeneratorTokenizer`) pre-
         tokenizes titles and texts; without it the token fields are empty (BM25/dense search
-        only, no generation).
+        only, no generation). ``input_format`` (an :class:`~rag_plugin.input_format.InputFormat`,
+        default ``plugin``) decides which strings are pre-tokenized; it is recorded in the store.
         """
+        from rag_plugin.input_format import InputFormat
+
+        fmt = input_format or InputFormat()
         final = Path(directory)
         tmp = final.with_name(final.name + ".tmp")
         if tmp.exists():
@@ -303,8 +321,9 @@ class PassageStore:
         def flush(batch: List[Passage]) -> None:
             nonlocal count
             if tokenizer is not None:
-                title_ids = tokenizer.encode_batch([p.title for p in batch])
-                text_ids = tokenizer.encode_batch([p.text for p in batch])
+                pieces = [fmt.passage_strings(p.title, p.text) for p in batch]
+                title_ids = tokenizer.encode_batch([t for t, _ in pieces])
+                text_ids = tokenizer.encode_batch([x for _, x in pieces])
             else:
                 title_ids = text_ids = [[] for _ in batch]
             for p, t_ids, x_ids in zip(batch, title_ids, text_ids):
@@ -343,6 +362,8 @@ class PassageStore:
         meta = {"format": STORE_FORMAT, "count": count, "sha256": digest.hexdigest(),
                 "tokenizer": tokenizer.identity() if tokenizer is not None else None,
                 "source": source or {}}
+        if tokenizer is not None and fmt.identity() is not None:
+            meta["input_format"] = fmt.identity()
         atomic_write_json(tmp / "meta.json", meta)
         if final.exists():
             shutil.rmtree(final)

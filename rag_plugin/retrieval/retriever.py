@@ -44,7 +44,7 @@ class Retrieval:
 
 def _check_k(k: int, n: int) -> None:
     if k < 1:
-        raise UserError(f"k must be at least 1, got {k}")
+        raise UserError(f"k must be at least 1, got {k}", fix="ask for 1 or more passages")
     if k > n:
         raise UserError(f"k={k} is larger than the collection ({n} passages)",
                         fix=f"ask for at most {n}")
@@ -55,6 +55,7 @@ class DenseRetriever:
 
     def __init__(self, knowledge: KnowledgeSource, encoder=None):
         self.knowledge = knowledge
+        knowledge.index  # read and check the index first: a damaged one fails before a model loads
         self.encoder = encoder if encoder is not None else knowledge.load_encoder()
         if int(self.encoder.dim) != knowledge.dim:
             raise UserError(f"encoder dimension {self.encoder.dim} does not match the index's "
@@ -73,10 +74,10 @@ class DenseRetriever:
     def store(self) -> PassageStore:
         return self.knowledge.passages
 
-    def search_vectors(self, queries: np.ndarray, k: int) -> Retrieval:
-        """Search with precomputed query vectors [B, D]."""
+    def search_vectors(self, queries: np.ndarray, k: int, threads: Optional[int] = None) -> Retrieval:
+        """Search with precomputed query vectors [B, D] (``threads``: FAISS threads for this call)."""
         _check_k(k, len(self.knowledge))
-        scores, rows = faiss_index.search(self.knowledge.index, queries, k)
+        scores, rows = faiss_index.search(self.knowledge.index, queries, k, threads=threads)
         return Retrieval(rows=rows.astype(np.int64), scores=scores, store=self.store)
 
     def search(self, questions: Sequence[str], k: int, batch_size: int = 64) -> Retrieval:

@@ -62,6 +62,7 @@ class RetrievalAugmentedTask(FairseqTask):
         self.dictionary = dictionary
         self.tokenizer = tokenizer          # generator tokenizer (the one passages were pre-tokenized with)
         self.text_encoder = text_encoder    # the knowledge source's bi-encoder (query tokenizer, initial q)
+        self.input_format = knowledge.input_format  # the generator input format the passages were tokenized for
         self._retriever = None
         self._bm25 = None
         self._rows_by_id: Optional[Dict[str, List[int]]] = None
@@ -77,7 +78,8 @@ class RetrievalAugmentedTask(FairseqTask):
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
         if cfg.n_docs < 0:
-            raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}")
+            raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}",
+                            fix="use --n-docs 0 (closed book) up to the number of passages")
         knowledge = KnowledgeSource(cfg.knowledge)
         if cfg.n_docs > len(knowledge):
             raise UserError(f"--n-docs {cfg.n_docs} is larger than the knowledge source ({len(knowledge)} passages)",
@@ -110,7 +112,14 @@ class RetrievalAugmentedTask(FairseqTask):
         return self._retriever
 
     def attach_retrieval(self, model) -> None:
-        """Give a freshly built model this process's retriever and K."""
+        """Give a freshly built model this process's retriever, K and input format."""
+        wanted = str(getattr(model.cfg, "input_format", "plugin"))
+        if wanted != self.input_format.name:
+            raise UserError(f"the model reads the {wanted} input format, the knowledge source's passages are "
+                            f"pre-tokenized for the {self.input_format.name} format", path=self.cfg.knowledge,
+                            fix=f"use a knowledge source built (or imported) with --input-format {wanted}, or a model "
+                                f"with --input-format {self.input_format.name}")
+        model.input_format = self.input_format
         model.n_docs = self.cfg.n_docs
         self.max_target = model.cfg.max_target_positions
         for dataset in self.datasets.values():
@@ -122,7 +131,8 @@ class RetrievalAugmentedTask(FairseqTask):
         model.knowledge_identity = {"encoder": self.knowledge.encoder_identity,
                                     "knowledge": str(Path(self.cfg.knowledge).resolve()),
                                     "passage_store_sha256": self.knowledge.passages.sha256,
-                                    "count": len(self.knowledge)}
+                                    "count": len(self.knowledge),
+                                    "input_format": self.input_format.name}
 
     # ------------------------------------------------------------------ data
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
@@ -168,14 +178,20 @@ class RetrievalAugmentedTask(FairseqTask):
         return out
 
     def build_dataset(self, questions, targets=None, record_ids=None, gold_rows=None) -> RetrievalQADataset:
-        """Pre-tokenize questions (query encoder + generator) and targets once."""
-        q_gen = self.tokenizer.encode_batch(questions)
-        tgt = self.tokenizer.encode_batch(targets) if targets is not None else None
-        if tgt is not None:
-            tgt = [t[: MAX_TARGET_TOKENS - 1] for t in tgt]
+        """Pre-tokenize questions (query encoder + generator) and targets once, in the input format
+        of the knowledge source (:mod:`rag_plugin.input_format`)."""
+        fmt = self.input_format
         q_enc = None
         if self.text_encoder is not None:
             q_enc = [ids[: self.cfg.max_query_tokens] for ids in self.text_encoder.tokenize_queries(questions)]
+        decoded = [None] * len(questions)
+        if fmt.name == "hf" and q_enc is not None:  # the question as the query encoder read it
+            decoded = [self.text_encoder.tokenizer.decode(ids, skip_special_tokens=True) for ids in q_enc]
+        q_gen = self.tokenizer.encode_batch([fmt.question_string(q, d) for q, d in zip(questions, decoded)])
+        tgt = None
+        if targets is not None:
+            prefix = fmt.target_prefix(self.dictionary.bos())
+            tgt = [(prefix + t)[: MAX_TARGET_TOKENS - 1] for t in self.tokenizer.encode_batch(targets)]
         fixed_rows = fixed_scores = None
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
             found = self.bm25.search(questions, self.cfg.n_docs)
@@ -238,11 +254,13 @@ class RetrievalAugmentedTask(FairseqTask):
         if lines:
             stream = provenance.output_stream()
             stream.write("\n".join(lines) + "\n")
+        expected = len(next(iter(self.datasets.values()))) if len(self.datasets) == 1 else None  # fairseq-generate
         if self.cfg.provenance_out:
-            provenance.append_jsonl(self.cfg.provenance_out, provenance.provenance_records(ids, rows, doc_lp, store))
+            provenance.append_jsonl(self.cfg.provenance_out, provenance.provenance_records(ids, rows, doc_lp, store),
+                                    expected=expected)
         if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
             provenance.append_jsonl(self.cfg.doc_posterior_out, provenance.token_doc_posteriors(
-                models[0], sample, hypos, rows, doc_lp, self.tokenizer, store))
+                models[0], sample, hypos, rows, doc_lp, self.tokenizer, store), expected=expected)
         return hypos
 
     def _interactive_sample(self, sample):

@@ -793,28 +793,33 @@ def test_import_resumes_after_an_interruption_and_restarts_on_request(tmp_path, 
     write_lines(tmp_path / "all.ids", [str(i) for i in range(1, n + 1)])
     out = tmp_path / "ks"
     kw = dict(encoder_identity=IDENTITY, shard_size=8, progress=False)
-    # incomplete vectors: an error; the unfinished build cannot be loaded
+    # incomplete vectors: an error before any vector was placed, and nothing is left behind
     with pytest.raises(UserError, match="5 of 20 passages have no vector"):
         prepare.import_precomputed_vectors(out, tsv, [tmp_path / "e.npy"], [tmp_path / "e.ids"], log=lambda m: None,
                                            **kw)
-    with pytest.raises(UserError, match="build did not finish"):
-        knowledge.KnowledgeSource(str(out))
-    # other vectors = other settings: refused unless --restart
-    with pytest.raises(UserError, match="unfinished build with other settings"):
-        prepare.import_precomputed_vectors(out, tsv, [tmp_path / "all.npy"], [tmp_path / "all.ids"],
-                                           log=lambda m: None, **kw)
-    # interrupted after the shards: the rerun resumes (the passage store is not rewritten)
-    real = knowledge.build_knowledge_source
+    assert not out.exists()
+    # interrupted after the shards (while building the index): the unfinished build cannot be
+    # loaded, other vectors are refused unless --restart, and the rerun resumes (the passage
+    # store is not rewritten)
+    real = knowledge.faiss_index.build_index
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(knowledge, "build_knowledge_source", interrupted)
+    monkeypatch.setattr(knowledge.faiss_index, "build_index", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        prepare.import_precomputed_vectors(out, tsv, [tmp_path / "all.npy"], [tmp_path / "all.ids"], restart=True,
+        prepare.import_precomputed_vectors(out, tsv, [tmp_path / "all.npy"], [tmp_path / "all.ids"],
                                            log=lambda m: None, **kw)
     assert sorted(os.listdir(out / ".build" / "shards")) == [f"{s:012d}.npy" for s in (0, 8, 16)]
-    monkeypatch.setattr(knowledge, "build_knowledge_source", real)
+    with pytest.raises(UserError, match="build did not finish"):
+        knowledge.KnowledgeSource(str(out))
+    with pytest.raises(UserError, match="unfinished build with other settings"):
+        prepare.import_precomputed_vectors(out, tsv, [tmp_path / "e.npy"], [tmp_path / "e.ids"],
+                                           log=lambda m: None, **kw)
+    with pytest.raises(KeyboardInterrupt):  # --restart discards it (and is interrupted again)
+        prepare.import_precomputed_vectors(out, tsv, [tmp_path / "all.npy"], [tmp_path / "all.ids"], restart=True,
+                                           log=lambda m: None, **kw)
+    monkeypatch.setattr(knowledge.faiss_index, "build_index", real)
     logs = []
     ks = prepare.import_precomputed_vectors(out, tsv, [tmp_path / "all.npy"], [tmp_path / "all.ids"],
                                             log=logs.append, **kw)

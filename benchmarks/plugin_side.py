@@ -1,0 +1,184 @@
+"""rag_plugin on the tiny benchmark world: task, models, training step, generation, and the bare
+generator step (the floor: the same B x K concatenated inputs through BART alone)."""
+import copy
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from world import SPEC, load_corpus
+
+
+def _import_plugin():
+    import rag_plugin
+
+    rag_plugin.register()
+
+
+class PluginSide:
+    name = "plugin"
+
+    def __init__(self, world: Path):
+        _import_plugin()
+        from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
+
+        self.world = world
+        cfg = RetrievalAugmentedConfig(data=str(world / "qa_t8"), knowledge=str(world / "ks"), n_docs=SPEC["n_docs"],
+                                       max_query_tokens=64)
+        self.task = RetrievalAugmentedTask.setup_task(cfg)
+        corpus = load_corpus(world)
+        qa = corpus["qa"]
+        questions = [ex["question"] for ex in qa]
+        bs = SPEC["batch_size"]
+        self.batches = {}
+        for t in SPEC["target_tokens"]:
+            ds = self.task.build_dataset(questions, [ex[f"answer_t{t}"] for ex in qa])
+            self.batches[t] = [ds.collater([ds[i] for i in range(s, s + bs)]) for s in range(0, len(qa), bs)]
+
+    # ------------------------------------------------------------------ models
+    def model_config(self):
+        from rag_plugin.models.rag import RagConfig
+
+        g = SPEC["generator"]
+        return RagConfig(generator_size="tiny", generator_embed_dim=g["d_model"], generator_layers=g["layers"],
+                         generator_heads=g["heads"], generator_ffn_dim=g["ffn"], dropout=g["dropout"],
+                         attention_dropout=0.0, activation_dropout=0.0, max_source_positions=g["positions"],
+                         max_target_positions=g["positions"], query_encoder="knowledge")
+
+    def model(self, kind: str, seed: int = 0):
+        from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
+
+        torch.manual_seed(seed)
+        cls = RagTokenModel if kind == "token" else RagSequenceModel
+        return cls.build_model(self.model_config(), self.task)
+
+    def n_params(self, model) -> dict:
+        return {"total": sum(p.numel() for p in model.parameters()),
+                "question_encoder": sum(p.numel() for p in model.query_encoder.parameters()),
+                "generator": sum(p.numel() for p in model.generator.parameters())}
+
+    # ------------------------------------------------------------------ training
+    def trainer(self, kind: str, t: int, seed: int = 0):
+        """A closure running one training step (retrieval inside, forward, backward, Adam) on batch i."""
+        from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
+
+        model = self.model(kind, seed).train()
+        crit = MarginalNLLCriterion(self.task)
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        batches = self.batches[t]
+
+        def step(i: int) -> float:
+            loss, _, _ = crit(model, batches[i % len(batches)])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        step.model = model
+        return step
+
+    def step_breakdown(self, kind: str, t: int, steps: int, warmup: int = 2, clock=None) -> dict:
+        """Seconds per part of a training step, the step taken apart through the model's own
+        pieces: question encoder, retrieval (FAISS search, stored document vectors, scores),
+        generator inputs from pre-tokenized passages, BART encoder and decoder, marginal loss,
+        backward, Adam. Medians over ``steps`` steps."""
+        import statistics
+        import time
+
+        from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
+        from rag_plugin.retrieval.index import step_search_threads
+
+        clock = clock or time.perf_counter
+        model = self.model(kind).train()
+        crit = MarginalNLLCriterion(self.task)
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        k = SPEC["n_docs"]
+        parts = {}
+        for i in range(warmup + steps):
+            sample = self.batches[t][i % len(self.batches[t])]
+            ni = sample["net_input"]
+            marks = [("start", clock())]
+            q = model.query_encoder(ni["query_tokens"], ni["query_mask"])
+            marks.append(("question_encoder", clock()))
+            threads = step_search_threads(model.retriever.knowledge.index, q.size(0), torch.get_num_threads())
+            found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), k, threads=threads)
+            rows = torch.from_numpy(found.rows)
+            d = torch.from_numpy(model.retriever.doc_vectors(found.rows)).to(q)
+            scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1) * model.doc_score_scale
+            marks.append(("retrieval", clock()))
+            src, lengths = model.generator_inputs(ni["src_tokens"], rows)
+            marks.append(("generator_inputs", clock()))
+            enc = model.generator.encoder(src, src_lengths=lengths)
+            marks.append(("bart_encoder", clock()))
+            logits, extra = model.generator.decoder(ni["prev_output_tokens"].repeat_interleave(k, 0), encoder_out=enc)
+            marks.append(("bart_decoder", clock()))
+            extra.update(doc_scores=scores, doc_rows=rows)
+            loss, _, _ = crit.compute_loss(model, (logits, extra), sample)
+            loss = loss.sum()
+            marks.append(("marginal_loss", clock()))
+            loss.backward()
+            marks.append(("backward", clock()))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            marks.append(("adam", clock()))
+            if i >= warmup:
+                for (_, a), (name, b) in zip(marks, marks[1:]):
+                    parts.setdefault(name, []).append(b - a)
+        return {name: statistics.median(v) for name, v in parts.items()}
+
+    def bare_generator_trainer(self, t: int, seed: int = 0):
+        """The floor: BART alone on the same B*K (question, document) inputs, cross-entropy, Adam.
+
+        The documents are retrieved once beforehand (by a plugin model), so the step holds no
+        query encoder, retrieval or marginalisation.
+        """
+        rag = self.model("token", seed)
+        rag.eval()
+        k = SPEC["n_docs"]
+        prepared = []
+        with torch.no_grad():
+            for b in self.batches[t]:
+                ni = b["net_input"]
+                _, rows = rag.retrieve(ni["query_tokens"], ni["query_mask"], k)
+                src, lengths = rag.generator_inputs(ni["src_tokens"], rows)
+                prepared.append((src, lengths, ni["prev_output_tokens"].repeat_interleave(k, 0),
+                                 b["target"].repeat_interleave(k, 0)))
+        generator = copy.deepcopy(rag.generator).train()
+        del rag
+        opt = torch.optim.Adam(generator.parameters(), lr=1e-5)
+        pad = self.task.dictionary.pad()
+
+        def step(i: int) -> float:
+            src, lengths, prev, target = prepared[i % len(prepared)]
+            logits, _ = generator(src, lengths, prev)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), target.view(-1), ignore_index=pad,
+                                   reduction="sum")
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        step.input_lengths = torch.cat([p[1] for p in prepared]).tolist()
+        return step
+
+    # ------------------------------------------------------------------ generation
+    def generator_fn(self, model, mode: str):
+        """A closure generating for batch i: mode token_greedy | token_beam4 | seq_thorough | seq_fast |
+        seq_thorough_all (Thorough that teacher-forces every (hypothesis, document) pair, also those
+        whose scores the document's beam already holds: transformers' amount of rescoring)."""
+        from fairseq.dataclass.configs import GenerationConfig
+
+        beam = 1 if mode == "token_greedy" else 4
+        n = SPEC["new_tokens"]  # n decoder steps: n - 1 tokens, then </s> (forced)
+        self.task.cfg.rag_decoding = "fast" if mode == "seq_fast" else "thorough"
+        generator = self.task.build_generator([model], GenerationConfig(beam=beam, max_len_a=0, max_len_b=n - 1,
+                                                                        min_len=n - 1))
+        if mode == "seq_thorough_all":
+            generator.reuse_beam_scores = False
+        model.eval()
+        batches = self.batches[8]
+
+        def run(i: int):
+            return generator.generate([model], batches[i % len(batches)])
+
+        return run

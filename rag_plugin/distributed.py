@@ -1,0 +1,55 @@
+"""Bounded waits between ranks in fairseq's distributed training.
+
+fairseq creates its process group without a timeout, so torch's default applies (30 minutes
+for gloo): a rank that hangs, or whose machine drops off the network, keeps the others waiting
+in a collective for that long. fairseq's ``--heartbeat-timeout N`` ("kill the job if no progress
+is made in N seconds") only interrupts Python code, not a wait inside gloo. With the plugin
+loaded, ``--heartbeat-timeout N`` also becomes the process group's timeout: a collective that
+waits more than N seconds for another rank fails, and the rank exits with a one-line message
+(:func:`rag_plugin.errors.lost_rank_message`). A rank that dies outright (its connections
+close) is noticed at the next collective without waiting for any timeout.
+
+Choose N above the longest time one rank may legitimately make the others wait (a validation
+pass, writing a checkpoint).
+"""
+import datetime
+import functools
+
+
+def _with_timeout(create, seconds: float):
+    """``create`` (init_process_group, new_group) with ``timeout`` defaulting to ``seconds``."""
+
+    @functools.wraps(create)
+    def wrapper(*args, **kwargs):
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = datetime.timedelta(seconds=seconds)
+        return create(*args, **kwargs)
+
+    wrapper._rag_plugin_plain = create
+    return wrapper
+
+
+def bound_collective_waits() -> None:
+    """Make fairseq's ``--heartbeat-timeout`` the timeout of its process groups: the world group
+    and the groups fairseq makes later with ``new_group`` (data parallel, which its all-reduces
+    use). Idempotent."""
+    from fairseq.distributed import utils as distributed_utils
+
+    plain = distributed_utils.distributed_init
+    if getattr(plain, "_rag_plugin", False):
+        return
+
+    @functools.wraps(plain)
+    def distributed_init(cfg):
+        import torch.distributed as dist
+
+        training = getattr(cfg, "distributed_training", cfg)
+        seconds = getattr(training, "heartbeat_timeout", -1) or -1
+        if seconds > 0:
+            for name in ("init_process_group", "new_group"):
+                create = getattr(dist, name)
+                setattr(dist, name, _with_timeout(getattr(create, "_rag_plugin_plain", create), seconds))
+        return plain(cfg)
+
+    distributed_init._rag_plugin = True
+    distributed_utils.distributed_init = distributed_init
