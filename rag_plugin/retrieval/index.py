@@ -40,11 +40,7 @@ def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, se
         raise UserError(f"FAISS cannot build index {factory!r}: {_faiss_reason(err)}",
                         fix="use e.g. Flat, HNSW32, IVF256,SQ8 or IVF256,PQ16") from None
     if not index.is_trained:
-        nlist = _ivf_nlist(index)
-        if nlist is not None and n < nlist:
-            raise UserError(f"index {factory!r} needs at least {nlist} vectors to train its "
-                            f"{nlist} lists, the collection has {n}",
-                            fix=f"use fewer lists (e.g. IVF{max(1, int(np.sqrt(n)))},SQ8) or Flat")
+        _check_enough_to_train(index, factory, n)
         sample = vectors
         if n > train_size:
             rng = np.random.default_rng(seed)
@@ -81,11 +77,7 @@ def check_factory(factory: str, dim: int, n: int) -> None:
                         fix="use e.g. Flat, HNSW32, IVF256,SQ8 or IVF256,PQ16 (PQ<m>: m must divide the "
                             "dimension)") from None
     if not index.is_trained:
-        nlist = _ivf_nlist(index)
-        if nlist is not None and n < nlist:
-            raise UserError(f"index {factory!r} needs at least {nlist} vectors to train its "
-                            f"{nlist} lists, the collection has {n}",
-                            fix=f"use fewer lists (e.g. IVF{max(1, int(np.sqrt(n)))},SQ8) or Flat")
+        _check_enough_to_train(index, factory, n)
 
 
 def _ivf_nlist(index) -> Optional[int]:
@@ -178,3 +170,12 @@ def read_index(path: str, mmap: bool = False):
 def index_bytes(index) -> int:
     """Serialized size of an index in bytes."""
     return int(_faiss().serialize_index(index).nbytes)
+
+
+def _check_enough_to_train(index, factory: str, n: int) -> None:
+    """An IVF index needs at least as many training vectors as it has lists."""
+    nlist = _ivf_nlist(index)
+    if nlist is not None and n < nlist:
+        raise UserError(f"index {factory!r} needs at least {nlist} vectors to train its "
+                        f"{nlist} lists, the collection has {n}",
+                        fix=f"use fewer lists (e.g. IVF{max(1, int(np.sqrt(n)))},SQ8) or Flat")
