@@ -40,10 +40,13 @@ class PluginSide:
         from rag_plugin.models.rag import RagConfig
 
         g = SPEC["generator"]
+        # BART's N(0, 0.02), as transformers initialises its side (the tiny preset's default is
+        # Xavier; with it the random RAG-Sequence beams differ per document and Thorough would
+        # have several times transformers' candidates to score)
         return RagConfig(generator_size="tiny", generator_embed_dim=g["d_model"], generator_layers=g["layers"],
                          generator_heads=g["heads"], generator_ffn_dim=g["ffn"], dropout=g["dropout"],
                          attention_dropout=0.0, activation_dropout=0.0, max_source_positions=g["positions"],
-                         max_target_positions=g["positions"], query_encoder="knowledge")
+                         max_target_positions=g["positions"], query_encoder="knowledge", generator_init="bart")
 
     def model(self, kind: str, seed: int = 0):
         from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
