@@ -129,30 +129,34 @@ class PluginSide:
                     parts.setdefault(name, []).append(b - a)
         return {name: statistics.median(v) for name, v in parts.items()}
 
-    def bare_generator_trainer(self, t: int, seed: int = 0):
-        """The floor: BART alone on the same B*K (question, document) inputs, cross-entropy, Adam.
+    def bare_generator_trainer(self, t: int, rag):
+        """The floor: BART alone on the B*K (question, document) inputs of a RAG step, plain
+        cross-entropy, Adam on the generator: no question encoder, retrieval or marginalisation.
 
-        The documents are retrieved once beforehand (by a plugin model), so the step holds no
-        query encoder, retrieval or marginalisation.
+        ``rag``: the RAG model being trained beside it (its ``trainer(...).model``). Before each
+        step, untimed (``step.prepare(i)``), that model retrieves for the batch exactly as in its
+        own training step (train mode: question-encoder dropout on), so the floor runs on inputs
+        of the same lengths as the RAG step's, not on those of an eval-mode retrieval.
         """
-        rag = self.model("token", seed)
-        rag.eval()
-        k = SPEC["n_docs"]
-        prepared = []
-        with torch.no_grad():
-            for b in self.batches[t]:
-                ni = b["net_input"]
-                _, rows = rag.retrieve(ni["query_tokens"], ni["query_mask"], k)
-                src, lengths = rag.generator_inputs(ni["src_tokens"], rows)
-                prepared.append((src, lengths, ni["prev_output_tokens"].repeat_interleave(k, 0),
-                                 b["target"].repeat_interleave(k, 0)))
-        generator = copy.deepcopy(rag.generator).train()
-        del rag
+        generator = copy.deepcopy(rag.generator).train()  # its own weights and optimizer
         opt = torch.optim.Adam(generator.parameters(), lr=1e-5)
         pad = self.task.dictionary.pad()
+        k = SPEC["n_docs"]
+        batches = self.batches[t]
+        state, lengths_seen = {}, []
+
+        def prepare(i: int) -> None:
+            b = batches[i % len(batches)]
+            ni = b["net_input"]
+            with torch.no_grad():
+                _, rows = rag.retrieve(ni["query_tokens"], ni["query_mask"], k)
+                src, lengths = rag.generator_inputs(ni["src_tokens"], rows)
+            lengths_seen.extend(lengths.tolist())
+            state["inputs"] = (src, lengths, ni["prev_output_tokens"].repeat_interleave(k, 0),
+                               b["target"].repeat_interleave(k, 0))
 
         def step(i: int) -> float:
-            src, lengths, prev, target = prepared[i % len(prepared)]
+            src, lengths, prev, target = state.pop("inputs")
             logits, _ = generator(src, lengths, prev)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), target.view(-1), ignore_index=pad,
                                    reduction="sum")
@@ -161,7 +165,8 @@ class PluginSide:
             opt.zero_grad(set_to_none=True)
             return float(loss.detach())
 
-        step.input_lengths = torch.cat([p[1] for p in prepared]).tolist()
+        step.prepare = prepare
+        step.input_lengths = lengths_seen
         return step
 
     # ------------------------------------------------------------------ generation

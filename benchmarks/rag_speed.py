@@ -11,8 +11,9 @@ The fixed tiny configuration of ../shared/bench/README.md (10k synthetic passage
   backward, Adam. For each of RAG-Token / RAG-Sequence x target length 8 / 32, fresh models of
   every contestant take turns, one step each per round, the order rotating every round:
   the plugin, transformers at ``max_combined_length`` 96 (tight: never truncates this data)
-  and 300 (its default), and the bare generator (the floor: the plugin's BART alone on the same
-  B x K concatenated inputs, retrieved beforehand, plain cross-entropy, Adam).
+  and 300 (its default), and the bare generator (the floor: the plugin's BART alone on B x K
+  concatenated inputs that the plugin model being trained retrieves for the same batch just
+  before, untimed, as in its own step; plain cross-entropy, Adam).
 * generation, 16 decoder steps per answer (the last one forced </s>) on batches of 8 questions:
   RAG-Token greedy and beam 4; RAG-Sequence beam 4 Thorough and Fast (transformers only has
   Thorough: Fast is compared with it too, and marked so). Same turn-taking.
@@ -97,16 +98,23 @@ def take_turns(contestants: dict, warmup: int, rounds: int, label: str) -> dict:
     """Run each contestant's ``fn(i)`` warmup times, then ``rounds`` rounds of one call each,
     the order rotating by one every round; returns seconds per call, per contestant."""
     names = list(contestants)
+
+    def call(name: str, i: int) -> float:
+        fn = contestants[name]
+        if hasattr(fn, "prepare"):  # untimed preparation (the floor's inputs)
+            fn.prepare(i)
+        t0 = CLOCK()
+        fn(i)
+        return CLOCK() - t0
+
     for i in range(warmup):
         for name in names:
-            contestants[name](i)
+            call(name, i)
     times = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
-            t0 = CLOCK()
-            contestants[name](warmup + r)
-            times[name].append(CLOCK() - t0)
+            times[name].append(call(name, warmup + r))
         log(f"{label} round {r + 1}/{rounds}: " + ", ".join(f"{n} {times[n][-1] * 1e3:.0f} ms" for n in names))
     return times
 
@@ -126,7 +134,7 @@ def bench_train(plugin, ref, args) -> dict:
         if ref is not None:
             for mcl in MCLS:
                 contestants[f"ref{mcl}"] = ref.trainer(kind, t, mcl)
-        bare = plugin.bare_generator_trainer(t)
+        bare = plugin.bare_generator_trainer(t, contestants["plugin"].model)
         contestants["bare_generator"] = bare
         times = take_turns(contestants, args.warmup, args.steps, f"train {key}")
         res = {"step_s": {n: stats(v) for n, v in times.items()},
