@@ -282,12 +282,7 @@ def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List
                 wanted[q * k + d] = todo
     if not wanted:
         return out
-    target = torch.full((c, t), pad, dtype=torch.long)
-    prev = torch.full((c, t), pad, dtype=torch.long)
-    for i, y in enumerate(tokens):
-        target[i, : len(y)] = y
-        prev[i, 0] = eos
-        prev[i, 1: len(y)] = y[:-1]
+    target, prev = _teacher_forcing_rows(tokens, t, pad, eos)
     order = sorted(wanted, key=lambda pair: (-len(wanted[pair]), pair))
     vocab = len(rag.dictionary)
     start = 0
@@ -321,6 +316,18 @@ def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List
     return out
 
 
+def _teacher_forcing_rows(targets: List[torch.Tensor], t: int, pad: int, eos: int):
+    """Targets right-padded to ``t`` and the decoder inputs fairseq feeds for them
+    (``</s> y1 ... y_{n-1}``): two Long[R, t] tensors."""
+    target = torch.full((len(targets), t), pad, dtype=torch.long)
+    prev = torch.full((len(targets), t), pad, dtype=torch.long)
+    for i, y in enumerate(targets):
+        target[i, : len(y)] = y
+        prev[i, 0] = eos
+        prev[i, 1: len(y)] = y[:-1]
+    return target, prev
+
+
 def teacher_forced_token_lp(rag, encoder_out, pair_rows: torch.Tensor, targets: List[torch.Tensor],
                             max_cells: int = 64_000_000) -> torch.Tensor:
     """log p(y_t | x, z, y<t) of given targets (each ending in </s>) under given pair rows.
@@ -332,12 +339,7 @@ def teacher_forced_token_lp(rag, encoder_out, pair_rows: torch.Tensor, targets: 
     pad, eos = rag.pad, rag.eos
     r = len(targets)
     t = max(len(x) for x in targets)
-    target = torch.full((r, t), pad, dtype=torch.long)
-    prev = torch.full((r, t), pad, dtype=torch.long)
-    for i, y in enumerate(targets):
-        target[i, : len(y)] = y
-        prev[i, 0] = eos
-        prev[i, 1: len(y)] = y[:-1]
+    target, prev = _teacher_forcing_rows(targets, t, pad, eos)
     device = encoder_out["encoder_out"][0].device
     target, prev = target.to(device), prev.to(device)
     vocab = len(rag.dictionary)
