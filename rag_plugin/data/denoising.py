@@ -7,6 +7,7 @@ deletion), which teaches the decoder to copy from its input. The records are KIL
 with the same task, and the checkpoint initialises RAG models via ``--generator-checkpoint``.
 """
 import random
+import re
 from typing import Iterable, List
 
 from rag_plugin.retrieval.passages import Passage
@@ -36,6 +37,24 @@ def denoising_records(passages: Iterable[Passage], seed: int = 0, max_words: int
     return records
 
 
+_CLAUSE_END = re.compile(r"[,;:.!?)\]\"]+$")
+_OPENING = re.compile(r"^[(\[\"]+")
+
+
+def clause_start(words: List[str], max_words: int = 4) -> str:
+    """The first words of ``words`` up to the end of their clause (at most ``max_words``), the
+    closing punctuation (and opening brackets or quotes) dropped; "" when the first word is only
+    punctuation."""
+    out = []
+    for w in words[:max_words]:
+        stripped = _OPENING.sub("", _CLAUSE_END.sub("", w))
+        if stripped:
+            out.append(stripped)
+        if _CLAUSE_END.search(w) or not stripped:
+            break
+    return " ".join(out)
+
+
 def pseudo_question_records(passages: Iterable[Passage], seed: int = 0, window: int = 30,
                             per_passage: int = 2) -> List[dict]:
     """Self-supervised questions about each passage, answered *from the retrieved passage*.
@@ -44,7 +63,12 @@ def pseudo_question_records(passages: Iterable[Passage], seed: int = 0, window: 
     with one document, so the generator learns to read its document rather than to recall):
 
     - title (the inverse cloze task of ORQA): a run of 6-10 words of the passage -> its title;
-    - continuation: 3-8 consecutive words of the passage -> the 1-4 words that follow them.
+    - continuation: ``What comes after "<3-8 consecutive words>"?`` -> the words that follow them,
+      up to the end of their clause (the first word ending in , ; : . ! ? or a closing bracket,
+      that punctuation dropped) and at most 4 words. The question says which kind it is, and the
+      answer stops where the passage says, so the generator can learn both from the document:
+      a title-only model is what it learns when the two kinds look alike. It is the skill a
+      factoid question needs ("Its capital is Lobamba." -> "Lobamba").
 
     Only the first ``window`` words are used: what the generator sees of a passage after the
     question and title is cut to its positions. Provenance is the passage itself.
@@ -61,12 +85,12 @@ def pseudo_question_records(passages: Iterable[Passage], seed: int = 0, window: 
                 start = rng.randrange(max(1, len(words) - n + 1))
                 question, answer, kind = " ".join(words[start:start + n]), p.title, "title"
             else:
-                n, m = rng.randint(3, 8), rng.randint(1, 4)
-                start = rng.randrange(max(1, len(words) - n - m + 1))
-                question = " ".join(words[start:start + n])
-                answer, kind = " ".join(words[start + n:start + n + m]), "continuation"
+                n = rng.randint(3, 8)
+                start = rng.randrange(max(1, len(words) - n))
+                span, answer = words[start:start + n], clause_start(words[start + n:])
                 if not answer:
                     continue
+                question, answer, kind = f'What comes after "{" ".join(span)}"?', answer, "continuation"
             records.append({"id": f"pseudo:{kind}:{p.id}:{j}", "input": question,
                             "output": [{"answer": answer, "provenance": [{"id": p.id, "wikipedia_id": p.id,
                                                                            "title": p.title}]}]})
