@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from rag_plugin.errors import cli_main
+from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
 
 
 def parse_args(argv=None):
@@ -24,14 +25,7 @@ def parse_args(argv=None):
                    help="FAISS factory string, inner-product metric: Flat, HNSW32, IVF4096,SQ8, IVF256,PQ32 ...")
     p.add_argument("--split-words", type=int, default=None,
                    help="split documents into passages of this many words (the paper uses 100)")
-    p.add_argument("--dict", default=None, help="generator dictionary (fairseq dict.txt) to pre-tokenize passages with")
-    p.add_argument("--bpe-model", default=None, help="SentencePiece model of the generator")
-    p.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 BPE encoder.json (fairseq BART)")
-    p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 BPE vocab.bpe (fairseq BART)")
-    p.add_argument("--input-format", default="plugin", metavar="plugin|hf|FILE",
-                   help="generator input format to pre-tokenize passages for: plugin (default), hf (the reference "
-                        "RAG's 'title / text // question', with GPT-2 BPE) or a converted checkpoint's "
-                        "input_format.json")
+    add_tokenizer_arguments(p, "plugin", "default: plugin")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
     p.add_argument("--shard-size", type=int, default=2048, help="passages per embedding shard (the unit of resume)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")

@@ -19,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from rag_plugin.errors import cli_main  # noqa: E402
+from rag_plugin.retrieval.tokenization import add_tokenizer_arguments  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -43,13 +44,7 @@ def parse_args(argv=None):
                    help="spec of the query encoder that goes with the vectors (e.g. hf-dpr:DIR)")
     p.add_argument("--encoder-identity", default=None, metavar="JSON",
                    help="document encoder identity for the manifest (inline JSON or a file); not loaded")
-    p.add_argument("--dict", default=None, help="generator dictionary (fairseq dict.txt)")
-    p.add_argument("--bpe-model", default=None, help="SentencePiece model of the generator")
-    p.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 BPE encoder.json")
-    p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 BPE vocab.bpe")
-    p.add_argument("--input-format", default=None, metavar="plugin|hf|FILE",
-                   help="generator input format to pre-tokenize passages for (default: the --rag-checkpoint's, "
-                        "else plugin)")
+    add_tokenizer_arguments(p, None, "default: the --rag-checkpoint's, else plugin")
     p.add_argument("--index-factory", default="Flat", help="FAISS factory string when no --faiss-index is given")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
     p.add_argument("--shard-size", type=int, default=65536, help="rows per vectors shard (the unit of resume)")

@@ -142,3 +142,17 @@ def load_generator_tokenizer(dict_path: str, bpe_model: Optional[str] = None,
                                   gpt2_vocab_bpe=gpt2_vocab_bpe)
     raise UserError("no generator subword model given",
                     fix="pass --bpe-model FILE (SentencePiece) or --gpt2-encoder-json/--gpt2-vocab-bpe")
+
+
+def add_tokenizer_arguments(parser, input_format_default: Optional[str], input_format_help: str) -> None:
+    """The command-line options naming the generator tokenizer and input format that passages are
+    pre-tokenized for (shared by the knowledge-source builder and the precomputed-vectors importer)."""
+    parser.add_argument("--dict", default=None, help="generator dictionary (fairseq dict.txt) to pre-tokenize "
+                                                     "passages with")
+    parser.add_argument("--bpe-model", default=None, help="SentencePiece model of the generator")
+    parser.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 BPE encoder.json (fairseq BART)")
+    parser.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 BPE vocab.bpe (fairseq BART)")
+    parser.add_argument("--input-format", default=input_format_default, metavar="plugin|hf|FILE",
+                        help="generator input format to pre-tokenize passages for: plugin, hf (the reference "
+                             "RAG's 'title / text // question', with GPT-2 BPE) or a converted checkpoint's "
+                             f"input_format.json ({input_format_help})")
