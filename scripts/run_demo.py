@@ -3,7 +3,7 @@
 generation -> evaluation -> leaderboard, plus the index hot-swap test, the per-token document
 posterior plot and the K sweep (the paper's Figure 3).
 
-    python scripts/run_demo.py [--work runs/demo] [--quick]
+    python scripts/run_demo.py [--work runs/demo] [--pretrain-updates N] [--pseudo-updates N] [--updates N] ...
 
 Every step runs the same command a user would (printed as it runs), writes under --work
 (data under data/demo) and is skipped when its output is already complete, so a rerun after
