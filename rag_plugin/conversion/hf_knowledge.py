@@ -216,11 +216,10 @@ def import_hf_knowledge(out_dir: str, dataset: Optional[str] = None, passages: O
 
     kind, files = dataset_files(dataset)
     has_id = check_columns(kind, files)
-    identity = prepare.resolve_encoder_identity(
+    identity, spec = prepare.resolve_encoder_identity(
         encoder_identity, encoder_spec, "the manifest must name the query encoder for these vectors",
         "pass --rag-checkpoint DIR (a converted RAG model), --encoder-spec hf-dpr:DIR, or an --encoder-identity "
         "JSON that has a 'spec'")
-    spec = encoder_spec or identity["spec"]
     if shard_size < 1:
         raise UserError(f"--shard-size must be positive, got {shard_size}")
 

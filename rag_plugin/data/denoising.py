@@ -90,7 +90,7 @@ def pseudo_question_records(passages: Iterable[Passage], seed: int = 0, window: 
                 span, answer = words[start:start + n], clause_start(words[start + n:])
                 if not answer:
                     continue
-                question, answer, kind = f'What comes after "{" ".join(span)}"?', answer, "continuation"
+                question, kind = f'What comes after "{" ".join(span)}"?', "continuation"
             records.append({"id": f"pseudo:{kind}:{p.id}:{j}", "input": question,
                             "output": [{"answer": answer, "provenance": [{"id": p.id, "wikipedia_id": p.id,
                                                                            "title": p.title}]}]})

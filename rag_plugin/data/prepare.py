@@ -1356,9 +1356,11 @@ def _load_identity(encoder_identity) -> Optional[dict]:
 
 
 
-def resolve_encoder_identity(encoder_identity: Optional[str], encoder_spec: Optional[str], what: str, fix: str) -> dict:
-    """The document encoder's identity for precomputed vectors: from an --encoder-identity JSON, or
-    built from --encoder-spec (which loads that encoder); a spec is required either way."""
+def resolve_encoder_identity(encoder_identity: Optional[str], encoder_spec: Optional[str], what: str,
+                             fix: str) -> Tuple[dict, str]:
+    """The document encoder's identity for precomputed vectors and the encoder spec to record:
+    from an --encoder-identity JSON, or built from --encoder-spec (which loads that encoder); a
+    spec is required either way (``encoder_spec`` wins over the identity's)."""
     identity = _load_identity(encoder_identity)
     spec = encoder_spec or (identity or {}).get("spec")
     if not spec:
@@ -1367,7 +1369,8 @@ def resolve_encoder_identity(encoder_identity: Optional[str], encoder_spec: Opti
         from rag_plugin.retrieval.encoders import load_encoder
 
         identity = load_encoder(spec).identity()
-    return {**identity, "spec": identity.get("spec", spec)}
+    return {**identity, "spec": identity.get("spec", spec)}, spec
+
 
 def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_files: Sequence[PathLike],
                                ids_files: Optional[Sequence[PathLike]] = None, *, trust_pickles: bool = False,
@@ -1400,10 +1403,9 @@ def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_fil
 
     _require_file(passages, "passages file")
     inputs = check_vector_inputs(vector_files, ids_files, trust_pickles)
-    identity = resolve_encoder_identity(
+    identity, spec = resolve_encoder_identity(
         encoder_identity, encoder_spec, "the manifest must name the encoder that made the vectors",
         "pass --encoder-spec (e.g. hf-dpr:PATH of DPR's ctx encoder), or an --encoder-identity JSON that has a 'spec'")
-    spec = encoder_spec or identity["spec"]
     if shard_size < 1:
         raise UserError(f"--shard-size must be positive, got {shard_size}")
 
