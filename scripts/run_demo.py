@@ -37,7 +37,7 @@ TRAIN_COMMON = [
     "--user-dir", "rag_plugin", "--task", "retrieval_augmented", "--knowledge", str(KS),
     "--criterion", "marginal_nll", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
     "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--clip-norm", "1.0",
-    "--batch-size", "32", "--max-source-positions", "64", "--max-target-positions", "64",
+    "--batch-size", "32", "--max-source-positions", "96", "--max-target-positions", "64",
     "--freeze-query-embeddings", "--query-encoder-lr-scale", "0.03", "--dropout", "0.1",
     "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "25", "--seed", "1",
     "--no-epoch-checkpoints", "--batch-size-valid", "64",

@@ -81,7 +81,7 @@ CLAIM_TEMPLATES = {
     "description": "{title} is {description}.",
 }
 PASSAGE_TEMPLATE = ("{name} is a country or territory in {continent} ({region}). Its capital is {capital}. "
-                    "Its currency is the {currency_name} ({currency_code}). Its population is {population}. "
+                    "Its currency code is {currency_code} ({currency_name}). Its population is {population}. "
                     "Its area is {area} square kilometres. It is also called {aliases}.")
 HOTSWAP_RELATIONS = ("capital", "currency", "continent")
 NQ_COUNTRY_RELATIONS = ("capital", "currency", "continent", "region")
@@ -455,14 +455,21 @@ def load_countries(wiki_titles: Iterable[str] = ()) -> Tuple[List[Country], Dict
 
 # ============================================================================ passages
 def _currency_phrase(codes: Sequence[str], names: Dict[str, str]) -> Optional[str]:
+    """The currency sentence. The code stands as a word of its own, after a space ("code is BYN
+    (Belarusian ruble)", not "ruble (BYN)"): SentencePiece segments a word after a space with a
+    word-initial piece ("▁B Y N") and the same letters after "(" without one ("B Y N"), so only
+    this way is the answer the generator must write the same pieces as the passage it copies from.
+    Measured on the demo's hot-swap test: written "the Belarusian ruble (BYN)", 12 of 36 currency
+    answers followed the index in use ("BYN" came out "Rsk", "ZWG" "MZW"); written this way (and with
+    the generator reading 96 tokens instead of 64, which had cut two countries' currency off), 32 of 36."""
     def one(code: str) -> str:
-        return f"the {names[code]} ({code})" if code in names else f"the currency with code {code}"
+        return f"{code} ({names[code]})" if code in names else code
 
     if not codes:
         return None
     if len(codes) == 1:
-        return f"Its currency is {one(codes[0])}."
-    return f"Its currencies are {_join_or([one(c) for c in codes], 'and')}."
+        return f"Its currency code is {one(codes[0])}."
+    return f"Its currency codes are {_join_or([one(c) for c in codes], 'and')}."
 
 
 def country_passage(country: Country, source: str, currency_names: Dict[str, str]) -> dict:

@@ -109,7 +109,7 @@ def test_country_passages(corpus):
     gn = {p["id"]: p for p in corpus["gn"]}
     assert "Its capital is Bujumbura." in ci["country:BI"]["text"]
     assert "Its capital is Gitega." in gn["country:BI"]["text"]
-    assert "(BIF)" in ci["country:BI"]["text"] and "Africa (Eastern Africa)" in ci["country:BI"]["text"]
+    assert "Its currency code is BIF (" in ci["country:BI"]["text"] and "Africa (Eastern Africa)" in ci["country:BI"]["text"]
     # GB is the United Kingdom, not Wales (countryinfo's data_no_iso/ maps GB to Wales)
     assert ci["country:GB"]["title"] == "United Kingdom" and "London" in ci["country:GB"]["text"]
     assert all("Wales" not in p["title"] for p in corpus["ci"])
