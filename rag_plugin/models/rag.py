@@ -47,7 +47,8 @@ class RagConfig(FairseqDataclass):
     generator_ffn_dim: int = field(default=0, metadata={"help": "override the preset's feed-forward dimension"})
     generator_positions: ChoiceEnum(["learned", "sinusoidal"]) = field(
         default="learned", metadata={"help": "position embeddings of a generator trained from scratch: 'learned' "
-                                             "(BART's) or 'sinusoidal' (fixed; copying is learned in fewer updates)"})
+                                             "(BART's) or 'sinusoidal' (fixed; learned far more slowly at the tiny size, "
+                                             "see build_bart)"})
     generator_init: ChoiceEnum(["auto", "bart", "xavier"]) = field(
         default="auto", metadata={"help": "initialisation of a generator trained from scratch: 'bart' (N(0, 0.02)), "
                                           "'xavier' (fairseq's transformer: copying is learned far sooner at small "
