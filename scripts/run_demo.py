@@ -62,8 +62,7 @@ class Demo:
         self.jeopardy_updates = jeopardy_updates
         self.sweep = sweep
         self.log = log
-        self.timings = {}  # step -> seconds, this invocation
-        self.ran_command = False  # whether the current step ran a command (else its outputs were reused)
+        self.timings = {}
         self.results = {"systems": {}}
 
     # ------------------------------------------------------------------ plumbing
@@ -72,7 +71,6 @@ class Demo:
         shown = " ".join(shlex.quote(str(c)) for c in cmd).replace(str(ROOT) + "/", "")
         self.log(f"$ {shown}")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.ran_command = True
         with open(log_file or os.devnull, "w") as log, open(stdout_file or os.devnull, "w") as out:
             proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, text=True,
                                   stdout=out if stdout_file else (log if log_file else None),
@@ -88,25 +86,14 @@ class Demo:
         class _Timer:
             def __enter__(self):
                 demo.log(f"\n== {name}")
-                demo.ran_command = False
                 self.t = time.perf_counter()
 
             def __exit__(self, *exc):
                 demo.timings[name] = round(time.perf_counter() - self.t, 1)
                 if exc[0] is None:
                     demo.log(f"   ({demo.timings[name]:.0f} s)")
-                    if demo.ran_command:
-                        demo.record_step_time(name, demo.timings[name])
 
         return _Timer()
-
-    def record_step_time(self, name: str, seconds: float) -> None:
-        """Keep, across invocations, how long each step took when it last did its work, so a
-        resumed run still reports what the whole pipeline costs."""
-        path = self.work / "step_timings.json"
-        times = json.loads(path.read_text()) if path.is_file() else {}
-        times[name] = seconds
-        atomic_write_json(path, times)
 
     # ------------------------------------------------------------------ steps
     def data_and_knowledge(self) -> None:
@@ -324,10 +311,6 @@ class Demo:
     def write_results(self, started: float) -> None:
         self.results["timings_s"] = self.timings
         self.results["total_s"] = round(time.perf_counter() - started, 1)
-        path = self.work / "step_timings.json"
-        steps = json.loads(path.read_text()) if path.is_file() else dict(self.timings)
-        self.results["step_timings_when_run_s"] = steps
-        self.results["all_steps_s"] = round(sum(steps.values()), 1)
         self.results["machine"] = _machine()
         self.results["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         self.results["command"] = "make demo  (python scripts/run_demo.py)"
@@ -386,9 +369,7 @@ def _results_markdown(results: dict, work: Path) -> str:
     lines = ["# Demo results", "",
              f"Produced by `{results['command']}` on {results['date']}, {results['machine']}; "
              f"{results['total_s'] / 60:.1f} minutes for this invocation (installs excluded; steps already complete "
-             "from an earlier invocation are skipped and take no time here); "
-             f"{results['all_steps_s'] / 60:.1f} minutes for all the steps, each timed when it last did its work "
-             "(listed at the end).", "",
+             "from an earlier invocation are skipped and take no time here).", "",
              "## nq_demo test set (held-out entities), exact match and token F1 (%)", "",
              "| system | EM | F1 | recall@5 | answer in top 5 |", "|---|---|---|---|---|"]
     for name, row in rows.items():
@@ -420,9 +401,7 @@ def _results_markdown(results: dict, work: Path) -> str:
             lines.append(f"| {name} EM / recall | " + " | ".join(f"{r['em']:.1f} / {r['recall']:.1f}" for r in rs) + " |")
     lines += ["", "Plots: `" + str((work / "k_sweep.png").relative_to(ROOT)) + "`, `" +
               str((work / "jeopardy_doc_posterior.png").relative_to(ROOT)) + "`.", "",
-              "Step timings of this invocation (s): " + ", ".join(f"{k}: {v:.0f}" for k, v in results["timings_s"].items()),
-              "", "Each step's time when it last did its work (s): "
-              + ", ".join(f"{k}: {v:.0f}" for k, v in results["step_timings_when_run_s"].items()), ""]
+              "Step timings of this invocation (s): " + ", ".join(f"{k}: {v:.0f}" for k, v in results["timings_s"].items()), ""]
     return "\n".join(lines)
 
 
