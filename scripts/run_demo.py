@@ -389,7 +389,10 @@ def _results_markdown(results: dict, work: Path) -> str:
                   "| model / index in use | follows the index in use | follows the other index |", "|---|---|---|"]
         for key, r in hs["runs"].items():
             lines.append(f"| {key} | {r['follows_index_in_use']:.2f} | {r['follows_other_index']:.2f} |")
-        lines.append(f"| **mean** | **{hs['follows_index_in_use']:.2f}** | **{hs['follows_other_index']:.2f}** |")
+        total = hs["questions"] * len(hs["runs"])
+        lines.append(f"| **mean** | **{hs['follows_index_in_use']:.3f}** ({round(hs['follows_index_in_use'] * total)} "
+                     f"of {total} answers) | **{hs['follows_other_index']:.3f}** "
+                     f"({round(hs['follows_other_index'] * total)} of {total}) |")
     if results.get("jeopardy"):
         lines += ["", "## Jeopardy-style generation (RAG-Token)", "",
                   " | ".join(f"{k} {v:.1f}" for k, v in results["jeopardy"].items())]
@@ -413,7 +416,7 @@ def main(argv=None):
     ap.add_argument("--pseudo-updates", type=int, default=2000,
                     help="updates of the second pretraining stage (pseudo-questions, BM25, one document); 0: none")
     ap.add_argument("--updates", type=int, default=400, help="training updates per system")
-    ap.add_argument("--hotswap-updates", type=int, default=200,
+    ap.add_argument("--hotswap-updates", type=int, default=800,
                     help="updates on the country facts both sources state alike, before the hot-swap test "
                          "(0: test the nq_demo models as they are)")
     ap.add_argument("--jeopardy-updates", type=int, default=150, help="updates of the Jeopardy RAG-Token model")
