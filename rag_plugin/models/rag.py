@@ -47,7 +47,7 @@ class RagConfig(FairseqDataclass):
     generator_ffn_dim: int = field(default=0, metadata={"help": "override the preset's feed-forward dimension"})
     generator_positions: ChoiceEnum(["learned", "sinusoidal"]) = field(
         default="learned", metadata={"help": "position embeddings of a generator trained from scratch: 'learned' "
-                                             "(BART's) or 'sinusoidal' (fixed; learned far more slowly at the tiny size, "
+                                             "(BART's) or 'sinusoidal' (fixed; trains far more slowly at the tiny size, "
                                              "see build_bart)"})
     generator_init: ChoiceEnum(["auto", "bart", "xavier"]) = field(
         default="auto", metadata={"help": "initialisation of a generator trained from scratch: 'bart' (N(0, 0.02)), "
