@@ -40,7 +40,7 @@ def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
     for split, rows in splits.items():
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = [p["text"] for p in passages] + [r["input"] for r in records]
-    train_spm(text * 3, root / "spm.model", root / "spm.vocab", vocab_size=100)
+    train_spm(text * 3, root / "spm.model", root / "spm.vocab", vocab_size=100, byte_fallback=False)
     write_fairseq_dict_from_spm(root / "spm.model", root / "dict.txt")
     settings = BuildSettings(passages=str(root / "passages.jsonl"),
                              encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=0",

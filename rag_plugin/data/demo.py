@@ -111,6 +111,7 @@ class DemoConfig:
     spm_vocab_size: int = 8000
     spm_model_type: str = "unigram"
     spm_threads: int = 2
+    spm_byte_fallback: bool = True  # rare characters as UTF-8 byte pieces, not <unk>
     build_spm: bool = True
 
     def to_dict(self) -> dict:
@@ -960,7 +961,7 @@ def build_demo(out_dir, seed: int = 0, config: DemoConfig = DemoConfig(), force:
         log(f"training SentencePiece ({config.spm_model_type}, vocab {config.spm_vocab_size})")
         train_spm(spm_training_text(data), out / "spm.model", out / "spm.vocab",
                   vocab_size=config.spm_vocab_size, model_type=config.spm_model_type, seed=seed,
-                  num_threads=config.spm_threads)
+                  byte_fallback=config.spm_byte_fallback, num_threads=config.spm_threads)
         n = write_fairseq_dict_from_spm(out / "spm.model", out / "dict.txt")
         files["spm.model"] = {}
         files["spm.vocab"] = {"records": config.spm_vocab_size}

@@ -94,9 +94,15 @@ def write_fairseq_dict_from_spm(spm_model_path: PathLike, dict_path: PathLike) -
 
 def train_spm(sentences: Iterable[str], model_path: PathLike, vocab_path: PathLike, *,
               vocab_size: int = 8000, model_type: str = "unigram", seed: int = 0,
-              character_coverage: float = 0.9995, num_threads: int = 2) -> None:
+              character_coverage: float = 0.9995, byte_fallback: bool = True,
+              num_threads: int = 2) -> None:
     """Train a SentencePiece model on ``sentences`` (fed in the given order) and write
     ``model_path`` and ``vocab_path`` atomically.
+
+    ``byte_fallback``: a character outside the vocabulary (``character_coverage`` leaves the
+    rarest out: "ã" in "São Tomé", Greek letters, "×") is spelled as its UTF-8 bytes, 256
+    pieces ``<0x00>``..``<0xFF>`` that count towards ``vocab_size``, instead of becoming
+    ``<unk>``, which the generator could neither read nor write back.
 
     The vocab file has SentencePiece's own layout (``piece<TAB>score``). Deterministic for the
     same sentences, options and sentencepiece version (no input sampling or shuffling).
@@ -111,7 +117,7 @@ def train_spm(sentences: Iterable[str], model_path: PathLike, vocab_path: PathLi
     spm.SentencePieceTrainer.Train(
         sentence_iterator=iter(lines), model_writer=buf,
         vocab_size=vocab_size, model_type=model_type,
-        character_coverage=character_coverage,
+        character_coverage=character_coverage, byte_fallback=byte_fallback,
         input_sentence_size=0, shuffle_input_sentence=False,
         max_sentence_length=1 << 16, num_threads=num_threads,
         unk_id=0, bos_id=1, eos_id=2, pad_id=-1,

@@ -308,6 +308,27 @@ def test_deterministic_spm(tmp_path, corpus):
     assert len(fairseq_dict_symbols(sp)) == 497
 
 
+def test_spm_byte_fallback_spells_rare_characters(tmp_path, corpus):
+    """Characters left out of the vocabulary come back exactly with byte fallback; without it
+    they are <unk> and lost (the demo's "São Tomé" was "S<unk>o Tomé")."""
+    from rag_plugin.retrieval.tokenization import UNK, GeneratorTokenizer
+
+    texts = [p["text"] for p in corpus["wiki"][:800]]
+    text = "Its capital is São Tomé; 3×4 αβ 漢字."
+    for fallback in (True, False):
+        name = f"fb{int(fallback)}"
+        train_spm(texts, tmp_path / f"{name}.model", tmp_path / f"{name}.vocab", vocab_size=500,
+                  byte_fallback=fallback)
+        write_fairseq_dict_from_spm(tmp_path / f"{name}.model", tmp_path / f"{name}.dict")
+        tok = GeneratorTokenizer("sentencepiece", str(tmp_path / f"{name}.dict"), str(tmp_path / f"{name}.model"))
+        ids = tok.encode(text)
+        if fallback:
+            assert UNK not in ids and tok.decode(ids) == text
+            assert "<0xC3>" in tok.pieces("ã") and len(fairseq_dict_symbols(load_spm(tmp_path / f"{name}.model"))) == 497
+        else:
+            assert UNK in ids and tok.decode(ids) != text
+
+
 def test_up_to_date_skip_and_tamper(built, tmp_path):
     out, _ = built
     assert demo.is_up_to_date(out, seed=0)
