@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 from typing import Iterable, List, Union
 
@@ -114,15 +115,24 @@ def train_spm(sentences: Iterable[str], model_path: PathLike, vocab_path: PathLi
     if hasattr(spm, "set_random_generator_seed"):
         spm.set_random_generator_seed(seed)
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.Train(
-        sentence_iterator=iter(lines), model_writer=buf,
-        vocab_size=vocab_size, model_type=model_type,
-        character_coverage=character_coverage, byte_fallback=byte_fallback,
-        input_sentence_size=0, shuffle_input_sentence=False,
-        max_sentence_length=1 << 16, num_threads=num_threads,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        minloglevel=2,
-    )
+    try:
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=iter(lines), model_writer=buf,
+            vocab_size=vocab_size, model_type=model_type,
+            character_coverage=character_coverage, byte_fallback=byte_fallback,
+            input_sentence_size=0, shuffle_input_sentence=False,
+            max_sentence_length=1 << 16, num_threads=num_threads,
+            unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            minloglevel=2,
+        )
+    except RuntimeError as err:  # SentencePiece's own check failed: its last line says which
+        need = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+        if need:
+            raise UserError(f"a SentencePiece vocabulary of {vocab_size} pieces is too small for this text: it "
+                            f"needs at least {need.group(1)} (its characters and special pieces"
+                            + (", and the 256 byte-fallback pieces)" if byte_fallback else ")"),
+                            fix=f"use a vocabulary size of at least {need.group(1)}") from None
+        raise UserError(f"SentencePiece training failed: {str(err).strip().splitlines()[-1]}") from None
     model = buf.getvalue()
     _write_atomic(model_path, model)
     sp = spm.SentencePieceProcessor()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -327,6 +328,18 @@ def test_spm_byte_fallback_spells_rare_characters(tmp_path, corpus):
             assert "<0xC3>" in tok.pieces("ã") and len(fairseq_dict_symbols(load_spm(tmp_path / f"{name}.model"))) == 497
         else:
             assert UNK in ids and tok.decode(ids) != text
+
+
+def test_spm_vocabulary_too_small_is_one_line(tmp_path, corpus):
+    texts = [p["text"] for p in corpus["wiki"][:200]]
+    with pytest.raises(UserError, match=r"300 pieces is too small .* needs at least (\d+) .*byte-fallback") as err:
+        train_spm(texts, tmp_path / "s.model", tmp_path / "s.vocab", vocab_size=300)
+    assert "\n" not in str(err.value)
+    need = int(re.search(r"at least (\d+)", str(err.value)).group(1))
+    train_spm(texts, tmp_path / "s.model", tmp_path / "s.vocab", vocab_size=need)  # the size it names works
+    with pytest.raises(UserError, match="too small"):
+        train_spm(texts, tmp_path / "t.model", tmp_path / "t.vocab", vocab_size=50, byte_fallback=False)
+    assert not (tmp_path / "t.model").exists() and not (tmp_path / "t.vocab").exists()
 
 
 def test_up_to_date_skip_and_tamper(built, tmp_path):
