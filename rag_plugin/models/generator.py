@@ -64,6 +64,9 @@ def build_bart(size: str, dictionary, max_source_positions: int, max_target_posi
     bart_large_architecture(args)  # fills every other BART default
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     model = BARTModel.build_model(args, task)
+    from rag_plugin.models.dropout import use_fast_dropout
+
+    use_fast_dropout(model)  # same dropout, a mask that costs a fraction of bernoulli_'s on CPU
     if init == "xavier":
         xavier_init(model)
     elif init != "bart":
