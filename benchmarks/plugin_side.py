@@ -18,11 +18,13 @@ def _import_plugin():
 class PluginSide:
     name = "plugin"
 
-    def __init__(self, world: Path):
+    def __init__(self, world: Path, dropout: str = "fast"):
+        """``dropout``: the generator's dropout, "fast" (the plugin's default) or "torch" (F.dropout)."""
         _import_plugin()
         from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
 
         self.world = world
+        self.dropout = dropout
         cfg = RetrievalAugmentedConfig(data=str(world / "qa_t8"), knowledge=str(world / "ks"), n_docs=SPEC["n_docs"],
                                        max_query_tokens=64)
         self.task = RetrievalAugmentedTask.setup_task(cfg)
@@ -36,7 +38,7 @@ class PluginSide:
             self.batches[t] = [ds.collater([ds[i] for i in range(s, s + bs)]) for s in range(0, len(qa), bs)]
 
     # ------------------------------------------------------------------ models
-    def model_config(self):
+    def model_config(self, dropout: str = ""):
         from rag_plugin.models.rag import RagConfig
 
         g = SPEC["generator"]
@@ -46,14 +48,15 @@ class PluginSide:
         return RagConfig(generator_size="tiny", generator_embed_dim=g["d_model"], generator_layers=g["layers"],
                          generator_heads=g["heads"], generator_ffn_dim=g["ffn"], dropout=g["dropout"],
                          attention_dropout=0.0, activation_dropout=0.0, max_source_positions=g["positions"],
-                         max_target_positions=g["positions"], query_encoder="knowledge", generator_init="bart")
+                         max_target_positions=g["positions"], query_encoder="knowledge", generator_init="bart",
+                         generator_torch_dropout=(dropout or self.dropout) == "torch")
 
-    def model(self, kind: str, seed: int = 0):
+    def model(self, kind: str, seed: int = 0, dropout: str = ""):
         from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
 
         torch.manual_seed(seed)
         cls = RagTokenModel if kind == "token" else RagSequenceModel
-        return cls.build_model(self.model_config(), self.task)
+        return cls.build_model(self.model_config(dropout), self.task)
 
     def n_params(self, model) -> dict:
         return {"total": sum(p.numel() for p in model.parameters()),
@@ -61,11 +64,12 @@ class PluginSide:
                 "generator": sum(p.numel() for p in model.generator.parameters())}
 
     # ------------------------------------------------------------------ training
-    def trainer(self, kind: str, t: int, seed: int = 0):
-        """A closure running one training step (retrieval inside, forward, backward, Adam) on batch i."""
+    def trainer(self, kind: str, t: int, seed: int = 0, dropout: str = ""):
+        """A closure running one training step (retrieval inside, forward, backward, Adam) on batch i
+        (``dropout``: "fast" or "torch" for this model, default the side's)."""
         from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
 
-        model = self.model(kind, seed).train()
+        model = self.model(kind, seed, dropout).train()
         crit = MarginalNLLCriterion(self.task)
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         batches = self.batches[t]

@@ -134,6 +134,8 @@ def bench_train(plugin, ref, args) -> dict:
         if ref is not None:
             for mcl in MCLS:
                 contestants[f"ref{mcl}"] = ref.trainer(kind, t, mcl)
+        if args.plugin_dropout == "both":
+            contestants["plugin_torch_dropout"] = plugin.trainer(kind, t, dropout="torch")
         bare = plugin.bare_generator_trainer(t, contestants["plugin"].model)
         contestants["bare_generator"] = bare
         times = take_turns(contestants, args.warmup, args.steps, f"train {key}")
@@ -142,6 +144,10 @@ def bench_train(plugin, ref, args) -> dict:
                "generator_input_tokens": stats(bare.input_lengths)}
         res["plugin_over_bare_step"] = statistics.median(times["plugin"]) / statistics.median(times["bare_generator"])
         res["plugin_over_bare_step_paired"] = paired_ratio(times["bare_generator"], times["plugin"])
+        if "plugin_torch_dropout" in times:
+            res["fast_dropout_speedup"] = (statistics.median(times["plugin_torch_dropout"])
+                                           / statistics.median(times["plugin"]))
+            res["fast_dropout_speedup_paired"] = paired_ratio(times["plugin"], times["plugin_torch_dropout"])
         if ref is not None:
             for mcl in MCLS:
                 res[f"speedup_vs_ref{mcl}"] = statistics.median(times[f"ref{mcl}"]) / statistics.median(times["plugin"])
@@ -198,7 +204,7 @@ def memory_probe(side_name: str, world: Path, args) -> dict:
     if side_name == "plugin":
         from plugin_side import PluginSide
 
-        side = PluginSide(world)
+        side = PluginSide(world, dropout=_main_dropout(args))
         trainer = lambda kind, t: side.trainer(kind, t)  # noqa: E731
         model = lambda kind: side.model(kind)  # noqa: E731
     else:
@@ -240,7 +246,8 @@ def run_memory_probes(args, have_ref: bool) -> dict:
     sides = ["plugin"] + ([f"ref{m}" for m in MCLS] if have_ref else [])
     for side in sides:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", side, "--cache", args.cache,
-               "--threads", str(args.threads), "--memory-steps", str(args.memory_steps)]
+               "--threads", str(args.threads), "--memory-steps", str(args.memory_steps),
+               "--plugin-dropout", _main_dropout(args)]
         log(f"memory probe {side}: {' '.join(cmd[1:])}")
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -303,6 +310,16 @@ def markdown(results: dict) -> str:
                 lines.append(f"| RAG-{kind.capitalize()} T={t} | " + " | ".join(f"{p[n] * 1e3:.1f}" for n in names)
                              + f" | {sum(p.values()) * 1e3:.0f} |")
             lines.append("")
+        gains = {k: r for k, r in results["train"].items() if "fast_dropout_speedup" in r}
+        if gains:
+            lines += ["| plugin: fast dropout against F.dropout | examples/s, fast | examples/s, F.dropout "
+                      "| fast ÷ F.dropout |", "|---|---:|---:|---:|"]
+            for key, r in gains.items():
+                kind, t = key.split("_T")
+                eps = r["examples_per_s"]
+                lines.append(f"| RAG-{kind.capitalize()} T={t} | {eps['plugin']:.2f} | {eps['plugin_torch_dropout']:.2f} "
+                             f"| {_fmt_ratio(r, 'fast_dropout_speedup')} |")
+            lines.append("")
     if "generate" in results:
         lines += ["| generation, questions/s (median) | plugin | tf 96 | tf 300 | plugin ÷ tf 96 | plugin ÷ tf 300 |",
                   "|---|---:|---:|---:|---:|---:|"]
@@ -339,6 +356,11 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _main_dropout(args) -> str:
+    """The dropout of the plugin contestant (and of its memory probe)."""
+    return "fast" if args.plugin_dropout == "both" else args.plugin_dropout
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default=str(HERE / ".cache"), help="where the tiny world is built (once)")
@@ -350,6 +372,10 @@ def main() -> int:
     ap.add_argument("--memory-steps", type=int, default=3, help="training steps per setting in the memory probes")
     ap.add_argument("--phases", default="train,gen,memory")
     ap.add_argument("--no-reference", action="store_true", help="measure the plugin (and the floor) only")
+    ap.add_argument("--plugin-dropout", choices=("fast", "torch", "both"), default="fast",
+                    help="the plugin generator's dropout: fast (its default, rag_plugin/models/dropout.py), "
+                         "torch (F.dropout, as before 2026-12-01), or both: training also runs a plugin model "
+                         "with F.dropout as one more contestant (the before/after of that change, paired)")
     ap.add_argument("--clock", choices=("wall", "process"), default="wall",
                     help="wall: elapsed time (the result); process: CPU seconds of this process, steadier "
                          "when other jobs share the CPUs (use with --threads 1)")
@@ -383,7 +409,7 @@ def main() -> int:
                "loadavg_start": os.getloadavg(), "reference": reason}
     from plugin_side import PluginSide
 
-    plugin = PluginSide(world)
+    plugin = PluginSide(world, dropout=_main_dropout(args))
     ref = None
     if not reason:
         from reference_side import ReferenceSide

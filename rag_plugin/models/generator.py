@@ -28,7 +28,7 @@ GENERATOR_SIZES = {
 def build_bart(size: str, dictionary, max_source_positions: int, max_target_positions: int,
                dropout: float, attention_dropout: float, activation_dropout: float, embed_dim: int = 0,
                layers: int = 0, heads: int = 0, ffn_dim: int = 0, positions: str = "learned",
-               init: str = "bart"):
+               init: str = "bart", fast_dropout: bool = True):
     """A fairseq ``BARTModel`` of the given size over ``dictionary`` (shared embeddings).
 
     Non-zero ``embed_dim``/``layers`` (encoder and decoder each)/``heads``/``ffn_dim`` override
@@ -39,7 +39,8 @@ def build_bart(size: str, dictionary, max_source_positions: int, max_target_posi
     stayed at the unigram plateau (9.1-9.6 bits) for 600 updates, where learned positions were
     at 5.4 bits after 475 (2026-12-01). ``init="xavier"``
     re-initialises a model trained from scratch the way fairseq's plain transformer is (see
-    :func:`xavier_init`); ``"bart"`` keeps BART's N(0, 0.02).
+    :func:`xavier_init`); ``"bart"`` keeps BART's N(0, 0.02). ``fast_dropout`` swaps fairseq's dropout
+    modules for :class:`rag_plugin.models.dropout.FastDropout` (same dropout, a cheaper mask on CPU).
     """
     from fairseq.models.bart.model import BARTModel, bart_large_architecture
 
@@ -64,9 +65,10 @@ def build_bart(size: str, dictionary, max_source_positions: int, max_target_posi
     bart_large_architecture(args)  # fills every other BART default
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     model = BARTModel.build_model(args, task)
-    from rag_plugin.models.dropout import use_fast_dropout
+    if fast_dropout:
+        from rag_plugin.models.dropout import use_fast_dropout
 
-    use_fast_dropout(model)  # same dropout, a mask that costs a fraction of bernoulli_'s on CPU
+        use_fast_dropout(model)
     if init == "xavier":
         xavier_init(model)
     elif init != "bart":

@@ -102,3 +102,18 @@ def test_generator_uses_it_in_training_only_and_checkpoints_are_unchanged():
     assert torch.equal(bart(src, lengths, prev)[0], a)  # seeded training is reproducible
     assert not torch.equal(bart(src, lengths, prev)[0], a)
     assert all(not k.endswith(("p", "module_name")) for k in bart.state_dict())
+
+
+def test_generator_torch_dropout_option_keeps_fairseq_dropout(tiny_world):
+    import rag_plugin
+
+    rag_plugin.register()
+    from rag_plugin.models.rag import RagConfig, RagTokenModel
+    from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
+
+    task = RetrievalAugmentedTask.setup_task(RetrievalAugmentedConfig(data=str(tiny_world["data"]),
+                                                                      knowledge=str(tiny_world["ks"]), n_docs=2))
+    for flag, expected in ((True, FairseqDropout), (False, FastDropout)):
+        model = RagTokenModel.build_model(RagConfig(generator_torch_dropout=flag), task)
+        kinds = {type(m) for m in model.generator.modules() if isinstance(m, FairseqDropout)}
+        assert kinds == {expected}
