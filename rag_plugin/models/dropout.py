@@ -53,9 +53,10 @@ class _MaskedScale(torch.autograd.Function):
 
 def fast_dropout(x: torch.Tensor, p: float, generator=None) -> torch.Tensor:
     """Training-mode dropout of ``x`` with probability ``p`` (see the module docstring)."""
-    if p <= 0:
+    if p == 0:
         return x
-    if x.device.type != "cpu" or x.numel() < _MIN_ELEMENTS or p >= 1:
+    if (x.device.type != "cpu" or x.numel() < _MIN_ELEMENTS or not 0 < p < 1
+            or round(p * _LEVELS) >= _LEVELS):  # p outside [0, 1] is F.dropout's ValueError
         return F.dropout(x, p=p, training=True)
     keep, scale = keep_mask(x.shape, p, generator)
     return _MaskedScale.apply(x, keep, scale)

@@ -77,6 +77,11 @@ def test_edge_cases():
     assert torch.count_nonzero(fast_dropout(torch.ones(10_000), 1.0)) == 0  # F.dropout's p=1
     small = fast_dropout(torch.ones(100), 0.5)  # below the size where the mask matters: F.dropout
     assert set(small.unique().tolist()) <= {0.0, 2.0}
+    nearly_one = fast_dropout(torch.ones(10_000), 1 - 2 ** -18)  # rounds to 1 at 16 bits: F.dropout
+    assert torch.isfinite(nearly_one).all()
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="dropout probability"):
+            fast_dropout(torch.ones(10_000), bad)
 
 
 def test_generator_uses_it_in_training_only_and_checkpoints_are_unchanged():
