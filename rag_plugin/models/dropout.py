@@ -14,6 +14,8 @@ by the saved 1-byte mask, as ``F.dropout``'s does.
 ``p``, same module names; no parameters, so checkpoints are unaffected). On other devices, and
 for tensors too small for the mask to matter, it falls back to ``F.dropout``.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from fairseq.modules.fairseq_dropout import FairseqDropout
@@ -28,9 +30,7 @@ def keep_mask(shape, p: float, generator=None) -> tuple:
     drop_levels = round(p * _LEVELS)
     if drop_levels >= _LEVELS:
         raise ValueError(f"dropout probability {p} rounds to 1 at {_BITS} bits")
-    n = 1
-    for s in shape:
-        n *= int(s)
+    n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64)
     words.random_(-(1 << 63), None, generator=generator)  # the full 64-bit range, uniform
     draws = words.view(torch.int16)[:n].view(shape)       # uniform on [-2**15, 2**15)

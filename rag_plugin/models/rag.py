@@ -163,7 +163,7 @@ class RagModel(BaseFairseqModel):
                                cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.generator_embed_dim,
                                cfg.generator_layers, cfg.generator_heads, cfg.generator_ffn_dim,
                                str(cfg.generator_positions), _generator_init(cfg),
-                               fast_dropout=not getattr(cfg, "generator_torch_dropout", False))
+                               fast_dropout=not cfg.generator_torch_dropout)
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
         query_encoder = None
