@@ -44,6 +44,7 @@ def _register_fairseq_parts() -> None:
     bound_collective_waits()
     import rag_plugin.criterions.marginal_nll  # noqa: F401  (registers marginal_nll)
     import rag_plugin.models.rag  # noqa: F401
+    import rag_plugin.optim.torch_adamw  # noqa: F401  (registers torch_adamw)
     import rag_plugin.tasks.retrieval_augmented  # noqa: F401
 
 

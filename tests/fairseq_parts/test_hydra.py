@@ -82,7 +82,7 @@ def test_config_composes_with_plugin_dataclasses(path, recwarn):
     cfg = _compose(path.parent, path.stem, ["task.data=D", "task.knowledge=K"])
     assert cfg.task._name == "retrieval_augmented" and cfg.criterion._name == "marginal_nll"
     assert cfg.task.data == "D" and cfg.task.knowledge == "K"
-    assert cfg.optimizer._name == "adam"
+    assert cfg.optimizer._name == ("torch_adamw" if task == "demo" else "adam")
     assert cfg.dataset.required_batch_size_multiple == 1
     assert cfg.common.user_dir == "rag_plugin"
     if task == "demo":
