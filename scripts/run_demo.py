@@ -35,7 +35,7 @@ KS_SWAP = DATA / "ks_geonames"
 # the MiniLM query encoder fine-tuned at 3e-5 (lr scale 0.03), K=3 documents in training.
 TRAIN_COMMON = [
     "--user-dir", "rag_plugin", "--task", "retrieval_augmented", "--knowledge", str(KS),
-    "--criterion", "marginal_nll", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+    "--criterion", "marginal_nll", "--optimizer", "torch_adamw", "--adam-betas", "(0.9, 0.98)",
     "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--clip-norm", "1.0",
     "--batch-size", "32", "--max-source-positions", "96", "--max-target-positions", "64",
     "--freeze-query-embeddings", "--query-encoder-lr-scale", "0.03", "--dropout", "0.1",
