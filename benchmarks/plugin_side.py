@@ -18,13 +18,16 @@ def _import_plugin():
 class PluginSide:
     name = "plugin"
 
-    def __init__(self, world: Path, dropout: str = "fast"):
-        """``dropout``: the generator's dropout, "fast" (the plugin's default) or "torch" (F.dropout)."""
+    def __init__(self, world: Path, dropout: str = "fast", adam: str = "fused"):
+        """``dropout``: the generator's dropout, "fast" (the plugin's default) or "torch" (F.dropout).
+        ``adam``: "fused", the torch optimizer ``--optimizer torch_adamw`` builds (torch's fused AdamW),
+        or "single" (``torch.optim.Adam``'s per-tensor loop, the benchmark's optimizer before 2026-12-01)."""
         _import_plugin()
         from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
 
         self.world = world
         self.dropout = dropout
+        self.adam = adam
         cfg = RetrievalAugmentedConfig(data=str(world / "qa_t8"), knowledge=str(world / "ks"), n_docs=SPEC["n_docs"],
                                        max_query_tokens=64)
         self.task = RetrievalAugmentedTask.setup_task(cfg)
@@ -58,6 +61,15 @@ class PluginSide:
         cls = RagTokenModel if kind == "token" else RagSequenceModel
         return cls.build_model(self.model_config(dropout), self.task)
 
+    def optimizer(self, params) -> torch.optim.Optimizer:
+        """Adam at lr 1e-5 over ``params``, as chosen by ``adam`` (see the constructor)."""
+        params = [p for p in params if p.requires_grad]
+        if self.adam == "fused":
+            from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig
+
+            return TorchAdamW(TorchAdamWConfig(lr=[1e-5]), params).optimizer
+        return torch.optim.Adam(params, lr=1e-5)
+
     def n_params(self, model) -> dict:
         return {"total": sum(p.numel() for p in model.parameters()),
                 "question_encoder": sum(p.numel() for p in model.query_encoder.parameters()),
@@ -71,7 +83,7 @@ class PluginSide:
 
         model = self.model(kind, seed, dropout).train()
         crit = MarginalNLLCriterion(self.task)
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        opt = self.optimizer(model.parameters())
         batches = self.batches[t]
 
         def step(i: int) -> float:
@@ -98,7 +110,7 @@ class PluginSide:
         clock = clock or time.perf_counter
         model = self.model(kind).train()
         crit = MarginalNLLCriterion(self.task)
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        opt = self.optimizer(model.parameters())
         k = SPEC["n_docs"]
         parts = {}
         for i in range(warmup + steps):
@@ -143,7 +155,7 @@ class PluginSide:
         of the same lengths as the RAG step's, not on those of an eval-mode retrieval.
         """
         generator = copy.deepcopy(rag.generator).train()  # its own weights and optimizer
-        opt = torch.optim.Adam(generator.parameters(), lr=1e-5)
+        opt = self.optimizer(generator.parameters())
         pad = self.task.dictionary.pad()
         k = SPEC["n_docs"]
         batches = self.batches[t]

@@ -204,14 +204,14 @@ def memory_probe(side_name: str, world: Path, args) -> dict:
     if side_name == "plugin":
         from plugin_side import PluginSide
 
-        side = PluginSide(world, dropout=_main_dropout(args))
+        side = PluginSide(world, dropout=_main_dropout(args), adam=args.adam)
         trainer = lambda kind, t: side.trainer(kind, t)  # noqa: E731
         model = lambda kind: side.model(kind)  # noqa: E731
     else:
         from reference_side import ReferenceSide
 
         mcl = int(side_name[len("ref"):])
-        side = ReferenceSide(world, max_combined_lengths=(mcl,))
+        side = ReferenceSide(world, max_combined_lengths=(mcl,), adam=args.adam)
         trainer = lambda kind, t: side.trainer(kind, t, mcl)  # noqa: E731
         model = lambda kind: side.model(kind, mcl)  # noqa: E731
     gc.collect()
@@ -247,7 +247,7 @@ def run_memory_probes(args, have_ref: bool) -> dict:
     for side in sides:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", side, "--cache", args.cache,
                "--threads", str(args.threads), "--memory-steps", str(args.memory_steps),
-               "--plugin-dropout", _main_dropout(args)]
+               "--plugin-dropout", _main_dropout(args), "--adam", args.adam]
         log(f"memory probe {side}: {' '.join(cmd[1:])}")
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -376,6 +376,10 @@ def main() -> int:
                     help="the plugin generator's dropout: fast (its default, rag_plugin/models/dropout.py), "
                          "torch (F.dropout, as before 2026-12-01), or both: training also runs a plugin model "
                          "with F.dropout as one more contestant (the before/after of that change, paired)")
+    ap.add_argument("--adam", choices=("fused", "single"), default="fused",
+                    help="the optimizer of every training step, the same on all sides: fused (torch's fused AdamW: "
+                         "what the plugin's --optimizer torch_adamw builds and transformers' Trainer uses by default) "
+                         "or single (torch.optim.Adam's per-tensor loop, the benchmark's optimizer before 2026-12-01)")
     ap.add_argument("--clock", choices=("wall", "process"), default="wall",
                     help="wall: elapsed time (the result); process: CPU seconds of this process, steadier "
                          "when other jobs share the CPUs (use with --threads 1)")
@@ -409,12 +413,12 @@ def main() -> int:
                "loadavg_start": os.getloadavg(), "reference": reason}
     from plugin_side import PluginSide
 
-    plugin = PluginSide(world, dropout=_main_dropout(args))
+    plugin = PluginSide(world, dropout=_main_dropout(args), adam=args.adam)
     ref = None
     if not reason:
         from reference_side import ReferenceSide
 
-        ref = ReferenceSide(world)
+        ref = ReferenceSide(world, adam=args.adam)
     params = {"plugin": plugin.n_params(plugin.model("token"))}
     if ref is not None:
         params["transformers"] = ref.n_params(ref.model("token", MCLS[0]))

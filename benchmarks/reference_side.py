@@ -62,12 +62,15 @@ def _build_index_files(world: Path) -> Path:
 class ReferenceSide:
     name = "transformers"
 
-    def __init__(self, world: Path, max_combined_lengths=(96, 300)):
+    def __init__(self, world: Path, max_combined_lengths=(96, 300), adam: str = "fused"):
+        """``adam``: "fused" (torch's fused AdamW: transformers' Trainer default, ``adamw_torch_fused``,
+        with torch >= 2.8) or "single" (``torch.optim.Adam``'s per-tensor loop)."""
         from transformers import (BartConfig, BartTokenizerFast, DPRConfig, DPRQuestionEncoderTokenizerFast,
                                   RagConfig, RagRetriever)
         from transformers.models.rag.retrieval_rag import CustomHFIndex
 
         self.world = world
+        self.adam = adam
         files = _build_index_files(world)
         self.gen_tok = BartTokenizerFast.from_pretrained(str(world / "generator"))
         self.q_tok = DPRQuestionEncoderTokenizerFast.from_pretrained(str(world / "question_encoder"))
@@ -120,6 +123,13 @@ class ReferenceSide:
         cls = RagTokenForGeneration if kind == "token" else RagSequenceForGeneration
         return cls(config=self.configs[mcl], retriever=self.retrievers[mcl])
 
+    def optimizer(self, params) -> torch.optim.Optimizer:
+        """Adam at lr 1e-5 (no weight decay: AdamW and Adam are the same update)."""
+        params = [p for p in params if p.requires_grad]
+        if self.adam == "fused":
+            return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=True)
+        return torch.optim.Adam(params, lr=1e-5)
+
     @staticmethod
     def n_params(model) -> dict:
         return {"total": sum(p.numel() for p in model.parameters()),
@@ -128,7 +138,7 @@ class ReferenceSide:
 
     def trainer(self, kind: str, t: int, mcl: int, seed: int = 0):
         model = self.model(kind, mcl, seed).train()
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        opt = self.optimizer(model.parameters())
         batches = self.batches[t]
 
         def step(i: int) -> float:
