@@ -347,6 +347,12 @@ def case_table() -> List[Case]:
     def t_restore_missing(d, w):
         return fairseq_train(w, w["data"], d / "ckpt", extra=["--restore-file", d / "checkpoint_9.pt"])
 
+    def t_dropout(d, w):
+        return fairseq_train(w, w["data"], d / "ckpt", extra=["--dropout", "1.5"])
+
+    def t_adam_eps(d, w):
+        return fairseq_train(w, w["data"], d / "ckpt", extra=["--optimizer", "torch_adamw", "--adam-eps=-1e-8"])
+
     def t_truncated_last(d, w):
         (d / "ckpt").mkdir()
         (d / "ckpt" / "checkpoint_last.pt").write_bytes(Path(w["checkpoint"]).read_bytes()[:4096])
@@ -432,6 +438,9 @@ def case_table() -> List[Case]:
              unchanged=["ckpt/checkpoint_last.pt"]),
         Case("train: --restore-file missing", t_restore_missing, ["checkpoint_9.pt:", "--restore-file not found"],
              ["ckpt"]),
+        Case("train: --dropout above 1", t_dropout, ["--dropout 1.5 is not a dropout probability", "[0, 1)"],
+             ["ckpt"]),
+        Case("train: torch_adamw with a negative --adam-eps", t_adam_eps, ["--adam-eps -1e-08 is negative"], ["ckpt"]),
         Case("train: checkpoint_last.pt cut short", t_truncated_last,
              ["ckpt/checkpoint_last.pt:", "unreadable or truncated"], unchanged=["ckpt/checkpoint_last.pt"]),
         # --- fairseq-generate

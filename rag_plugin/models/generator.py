@@ -46,6 +46,10 @@ def build_bart(size: str, dictionary, max_source_positions: int, max_target_posi
 
     if size not in GENERATOR_SIZES:
         raise UserError(f"unknown generator size {size!r}", fix=f"use one of {sorted(GENERATOR_SIZES)}")
+    for option, p in (("--dropout", dropout), ("--attention-dropout", attention_dropout),
+                      ("--activation-dropout", activation_dropout)):
+        if not 0.0 <= p < 1.0:  # also catches NaN
+            raise UserError(f"{option} {p} is not a dropout probability", fix=f"give {option} a value in [0, 1)")
     dims = dict(GENERATOR_SIZES[size])
     for keys, value in ((("encoder_embed_dim",), embed_dim), (("encoder_layers", "decoder_layers"), layers),
                         (("encoder_attention_heads", "decoder_attention_heads"), heads),

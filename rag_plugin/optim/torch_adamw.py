@@ -67,7 +67,12 @@ class TorchAdamW(FairseqOptimizer):
         if not flat:
             raise UserError("torch_adamw got no parameters to train", fix="unfreeze part of the model")
         mode = {"fused": True} if fusable(flat) else {"foreach": True}
-        self._optimizer = torch.optim.AdamW(params, **self.optimizer_config, **mode)
+        settings = self.optimizer_config
+        for option, value in (("--lr", settings["lr"]), ("--adam-eps", settings["eps"]),
+                              ("--weight-decay", settings["weight_decay"])):
+            if not value >= 0.0:  # also catches NaN
+                raise UserError(f"{option} {value} is negative", fix=f"give {option} a value >= 0")
+        self._optimizer = torch.optim.AdamW(params, **settings, **mode)
 
     @property
     def optimizer_config(self):

@@ -91,6 +91,14 @@ def test_bad_betas_are_one_line_errors(betas):
     assert "\n" not in str(err.value) and "--adam-betas" in str(err.value)
 
 
+@pytest.mark.parametrize("option, kw", [("--lr", {"lr": -1e-3}), ("--adam-eps", {"adam_eps": -1e-8}),
+                                        ("--weight-decay", {"weight_decay": float("nan")})])
+def test_negative_settings_are_one_line_errors(option, kw):
+    with pytest.raises(UserError) as err:
+        TorchAdamW(_cfg(**kw), _params())
+    assert str(err.value).startswith(option) and "\n" not in str(err.value)
+
+
 def test_fairseq_train_with_torch_adamw_resumes(tiny_world, tmp_path):
     """The real CLI: one epoch, then the same command for a second epoch loads the optimizer
     state from checkpoint_last.pt (fairseq's safe loading, no override)."""
