@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from fairseq.optim.adam import Adam as FairseqAdamImpl
 
 import rag_plugin
@@ -50,12 +51,38 @@ def test_same_updates_as_fairseq_adam(weight_decay):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_epsilon_sits_where_the_docstring_says():
+    """Gradients of 1e-7 at step 1 (sqrt(v) ~ 3e-9, next to eps 1e-8): the updates differ exactly as
+    fairseq's eps against torch's eps * sqrt(1 - beta2) predicts."""
+    lr, (b1, b2), eps, g = 1e-3, (0.9, 0.999), 1e-8, 1e-7
+    ours, ref = [torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))], \
+        [torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))]
+    opt = TorchAdamW(_cfg(lr=lr, adam_betas=f"({b1}, {b2})", adam_eps=eps), ours)
+    ref_opt = FairseqAdamImpl(ref, lr=lr, betas=(b1, b2), eps=eps)
+    ours[0].grad, ref[0].grad = torch.full((4,), g, dtype=torch.float64), torch.full((4,), g, dtype=torch.float64)
+    opt.step()
+    ref_opt.step()
+    m, v = (1 - b1) * g, (1 - b2) * g * g
+    step = lr * (1 - b2) ** 0.5 / (1 - b1)
+    expect_ref = -step * m / (v ** 0.5 + eps)
+    expect_ours = -step * m / (v ** 0.5 + eps * (1 - b2) ** 0.5)
+    torch.testing.assert_close(ref[0].detach(), torch.full((4,), expect_ref, dtype=torch.float64))
+    torch.testing.assert_close(ours[0].detach(), torch.full((4,), expect_ours, dtype=torch.float64))
+    assert expect_ours / expect_ref > 3  # a real difference at this size, not rounding
+
+
+def _stepped(cfg_kw=None, grad=1.0):
+    ps = _params()
+    opt = TorchAdamW(_cfg(**(cfg_kw or {})), ps)
+    for p in ps:
+        p.grad = torch.full_like(p, grad)
+    opt.step()
+    return ps, opt
+
+
 def test_state_dict_round_trip_continues_identically():
-    a, b = _params(), _params()
-    opt_a = TorchAdamW(_cfg(), a)
-    for p in a:
-        p.grad = torch.ones_like(p)
-    opt_a.step()
+    a, opt_a = _stepped()
+    b = _params()
     opt_b = TorchAdamW(_cfg(), b)
     with torch.no_grad():
         for pa, pb in zip(a, b):
@@ -70,21 +97,60 @@ def test_state_dict_round_trip_continues_identically():
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
+def test_resume_applies_the_current_settings_and_kernel():
+    """fairseq resumes with the command line's settings over the saved ones; a state saved by the
+    foreach fallback resumes on the fused kernel."""
+    _, opt_a = _stepped()
+    saved = copy.deepcopy(opt_a.state_dict())
+    for group in saved["param_groups"]:
+        group.update(fused=None, foreach=True, lr=0.5)
+    opt_b = TorchAdamW(_cfg(lr=2e-3, weight_decay=0.05), _params())
+    opt_b.load_state_dict(saved, opt_b.optimizer_config)
+    group = opt_b.param_groups[0]
+    assert (group["lr"], group["weight_decay"], group["fused"], group["foreach"]) == (2e-3, 0.05, True, None)
+    for p in opt_b.params:
+        p.grad = torch.ones_like(p)
+    opt_b.step()  # the fused kernel accepts the loaded state
+
+
+def test_state_of_fairseq_adam_is_refused():
+    ps = _params()
+    ref_opt = FairseqAdamImpl(ps, lr=1e-3)
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    ref_opt.step()
+    opt = TorchAdamW(_cfg(), _params())
+    with pytest.raises(UserError, match="--reset-optimizer"):
+        opt.load_state_dict(ref_opt.state_dict(), opt.optimizer_config)
+
+
 def test_param_groups_and_fallback():
     ps = _params()
     opt = TorchAdamW(_cfg(), [{"params": ps[:2]}, {"params": ps[2:], "lr": 1e-4}])
     assert len(opt.param_groups) == 2 and opt.optimizer.defaults["fused"] is True
     assert fusable(ps)
-    assert not fusable([torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))])
+    odd = [torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))]
+    assert not fusable(odd)
+    opt = TorchAdamW(_cfg(), odd)  # steps with the foreach loop instead
+    assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0]["fused"]
+    odd[0].grad = torch.ones_like(odd[0])
+    opt.step()
+    assert odd[0].detach().real.lt(1).all()
+
+
+def test_memory_efficient_fp16_is_a_one_line_error():
+    with pytest.raises(UserError, match="--fp16 or --bf16"):
+        TorchAdamW(_cfg(memory_efficient_bf16=True), _params())
 
 
 @pytest.mark.parametrize("betas, expected", [("(0.9, 0.98)", (0.9, 0.98)), ([0.8, 0.9], (0.8, 0.9)),
-                                             ("0.9,0.999", (0.9, 0.999))])
+                                             ("0.9,0.999", (0.9, 0.999)),
+                                             (OmegaConf.create([0.9, 0.95]), (0.9, 0.95))])
 def test_betas_parse(betas, expected):
     assert parse_betas(betas) == expected
 
 
-@pytest.mark.parametrize("betas", ["(0.9)", "(0.9, 1.5)", "fast", "(0.9, 0.98, 0.7)"])
+@pytest.mark.parametrize("betas", ["(0.9)", "(0.9, 1.5)", "fast", "(0.9, 0.98, 0.7)", 0.9, None])
 def test_bad_betas_are_one_line_errors(betas):
     with pytest.raises(UserError) as err:
         TorchAdamW(_cfg(adam_betas=betas), _params())
