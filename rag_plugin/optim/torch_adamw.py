@@ -2,7 +2,7 @@
 
 fairseq's ``adam`` steps each parameter tensor in a Python loop on a machine without CUDA
 (its fused Adam needs apex and a GPU). torch's fused AdamW updates every tensor in one
-kernel, on CPU as on GPU: 2-6x less time per step than fairseq's loop on 13M-250M parameters
+kernel, on CPU as on GPU: half the time of fairseq's loop on 13M parameters, a third on 248M
 (``benchmarks/optimizer_step.py``, BENCHMARKS.md). Same options and update as fairseq's
 ``adam``, which is AdamW too (decoupled weight decay, bias-corrected moments), except where
 epsilon sits: fairseq adds it to sqrt(v) before the bias correction of v, torch after. Written

@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""One optimizer step on the trainable parameters of RAG models: fairseq's ``adam`` (what
+``--optimizer adam`` builds on a machine without CUDA: a Python loop over the tensors), the
+plugin's ``torch_adamw`` (torch's fused AdamW) and ``torch.optim.Adam``'s default CPU loop.
+
+    .venv/bin/python benchmarks/optimizer_step.py [--sizes bench,base] [--threads 2] [--steps 20]
+
+Sizes (random weights, the shapes are what matters):
+* ``bench``: the side-by-side benchmark's model (BART d=256 3+3 layers, vocab 8000, and a
+  DPR-shaped 4x256 BERT question encoder; 12.96M parameters);
+* ``base``: BART base (fairseq's bart.base shapes, vocab 50265) with a BERT-base question encoder
+  (vocab 30522), ~250M parameters;
+* ``large``: BART large with BERT-base, the paper's 626M trainable parameters (10 GB of
+  optimizer state and weights in fp32: not in the default list).
+
+Prints a Markdown table (median milliseconds per step after warm-up) and writes JSON.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+SIZES = {  # generator size, generator overrides, dictionary size, BERT (layers, hidden, ffn, heads, vocab)
+    "bench": ("tiny", dict(embed_dim=256, layers=3, heads=4, ffn_dim=1024), 8000, (4, 256, 1024, 4, 6094)),
+    "base": ("base", {}, 50265, (12, 768, 3072, 12, 30522)),
+    "large": ("large", {}, 50265, (12, 768, 3072, 12, 30522)),
+}
+
+
+def rag_parameters(size: str) -> list:
+    """Fresh parameters with random gradients, shaped as the generator + question encoder of ``size``."""
+    from fairseq.data import Dictionary
+
+    from rag_plugin.models.generator import build_bart
+    from rag_plugin.retrieval.encoders import BertConfig, BiEncoderTower
+
+    gen_size, over, vocab, (layers, hidden, ffn, heads, qvocab) = SIZES[size]
+    dictionary = Dictionary()
+    for i in range(vocab - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    generator = build_bart(gen_size, dictionary, 1024, 1024, 0.1, 0.1, 0.1, **over)
+    question = BiEncoderTower(BertConfig(vocab_size=qvocab, hidden_size=hidden, num_layers=layers,
+                                         num_heads=heads, intermediate_size=ffn))
+    params = [p for m in (generator, question) for p in m.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    return params
+
+
+def optimizers():
+    from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
+
+    from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig
+
+    return {
+        "fairseq adam": lambda ps: FairseqAdam(FairseqAdamConfig(lr=[1e-5], adam_betas="(0.9, 0.999)", tpu=False), ps),
+        "torch_adamw (fused)": lambda ps: TorchAdamW(TorchAdamWConfig(lr=[1e-5]), ps),
+        "torch.optim.Adam (default on CPU)": lambda ps: torch.optim.Adam(ps, lr=1e-5),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="bench,base", help=f"comma-separated, of {', '.join(SIZES)}")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per optimizer (after 3 warm-up steps)")
+    ap.add_argument("--json-out", default=str(HERE / ".cache" / "optimizer_step.json"))
+    args = ap.parse_args()
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        ap.error(f"unknown size(s) {', '.join(unknown)}: use {', '.join(SIZES)}")
+    torch.set_num_threads(args.threads)
+    import fairseq  # noqa: F401
+    import rag_plugin
+
+    rag_plugin.register()
+    results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv,
+               "machine": {"processor": platform.processor() or platform.machine(), "nproc": os.cpu_count(),
+                           "torch": torch.__version__, "threads": args.threads}, "sizes": {}}
+    for size in sizes:
+        params = rag_parameters(size)
+        row = {"parameters": sum(p.numel() for p in params), "tensors": len(params), "ms": {}}
+        for name, make in optimizers().items():
+            opt = make(params)
+            times = []
+            for i in range(3 + args.steps):
+                start = time.perf_counter()
+                opt.step()
+                times.append(time.perf_counter() - start)
+            row["ms"][name] = statistics.median(times[3:]) * 1e3
+            del opt
+        results["sizes"][size] = row
+        print(f"{size}: {row['parameters'] / 1e6:.2f}M parameters in {row['tensors']} tensors: "
+              + ", ".join(f"{k} {v:.1f} ms" for k, v in row["ms"].items()), file=sys.stderr)
+        del params
+    names = list(optimizers())
+    print("| parameters | " + " | ".join(names) + " | fairseq adam ÷ torch_adamw |")
+    print("|---|" + "---:|" * (len(names) + 1))
+    for size, row in results["sizes"].items():
+        ms = row["ms"]
+        print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
+              + " | ".join(f"{ms[n]:.1f} ms" for n in names)
+              + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")
+    out = Path(args.json_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
