@@ -440,7 +440,7 @@ def case_table() -> List[Case]:
              ["ckpt"]),
         Case("train: --dropout above 1", t_dropout, ["--dropout 1.5 is not a dropout probability", "[0, 1)"],
              ["ckpt"]),
-        Case("train: torch_adamw with a negative --adam-eps", t_adam_eps, ["--adam-eps -1e-08 is negative"], ["ckpt"]),
+        Case("train: torch_adamw with a negative --adam-eps", t_adam_eps, ["--adam-eps -1e-08 is not a number >= 0"], ["ckpt"]),
         Case("train: checkpoint_last.pt cut short", t_truncated_last,
              ["ckpt/checkpoint_last.pt:", "unreadable or truncated"], unchanged=["ckpt/checkpoint_last.pt"]),
         # --- fairseq-generate
