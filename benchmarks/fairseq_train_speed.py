@@ -117,10 +117,9 @@ def main() -> int:
     print("|---|---:|---:|")
     for n in names:
         print(f"| {n} | {res['median_ms'][n]:.1f} | {res['median_ratio_to_hand_loop'][n]:.3f} |")
-    out = Path(args.json_out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".tmp").write_text(json.dumps(res, indent=1))
-    out.with_suffix(".tmp").replace(out)
+    from rag_plugin.io_utils import atomic_write_json
+
+    atomic_write_json(args.json_out, res)
     return 0
 
 

@@ -16,7 +16,6 @@ Sizes (random weights, the shapes are what matters):
 Prints a Markdown table (median milliseconds per step after warm-up) and writes JSON.
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -112,11 +111,9 @@ def main() -> int:
         print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
               + " | ".join(f"{ms[n]:.1f} ms" for n in names)
               + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")
-    out = Path(args.json_out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(out)
+    from rag_plugin.io_utils import atomic_write_json
+
+    atomic_write_json(args.json_out, results)
     return 0
 
 
