@@ -3,6 +3,11 @@
 ``--optimizer adam`` builds on a machine without CUDA: a Python loop over the tensors), the
 plugin's ``torch_adamw`` (torch's fused AdamW) and ``torch.optim.Adam``'s default CPU loop.
 
+Also fairseq's whole update after the backward, as its trainer runs it: ``multiply_grads`` (by
+1/sample size), ``clip_grad_norm`` (computed every update, here without ``--clip-norm``), the step;
+for fairseq's ``adam``, for ``torch_adamw`` and for ``torch_adamw`` with fairseq's own
+``multiply_grads``/``clip_grad_norm`` (what it ran before it deferred the factor to its kernel).
+
     .venv/bin/python benchmarks/optimizer_step.py [--sizes bench,base] [--threads 2] [--steps 20]
 
 Sizes (random weights, the shapes are what matters):
@@ -57,15 +62,31 @@ def rag_parameters(size: str) -> list:
 
 
 def optimizers():
+    from fairseq.optim import FairseqOptimizer
     from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 
     from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig
 
+    class TorchAdamWFairseqPasses(TorchAdamW):
+        """torch_adamw with fairseq's own gradient multiply and norm (two passes over the gradients)."""
+        multiply_grads = FairseqOptimizer.multiply_grads
+        clip_grad_norm = FairseqOptimizer.clip_grad_norm
+        step = FairseqOptimizer.step
+
     return {
         "fairseq adam": lambda ps: FairseqAdam(FairseqAdamConfig(lr=[1e-5], adam_betas="(0.9, 0.999)", tpu=False), ps),
         "torch_adamw (fused)": lambda ps: TorchAdamW(TorchAdamWConfig(lr=[1e-5]), ps),
+        "torch_adamw, fairseq's multiply and norm": lambda ps: TorchAdamWFairseqPasses(TorchAdamWConfig(lr=[1e-5]), ps),
         "torch.optim.Adam (default on CPU)": lambda ps: torch.optim.Adam(ps, lr=1e-5),
     }
+
+
+def fairseq_update(opt) -> None:
+    """The trainer's update after the backward (fairseq/trainer.py): gradients times 1/sample size
+    (1.0 here, so the timed gradients stay the same), their norm, the step."""
+    opt.multiply_grads(1.0)
+    opt.clip_grad_norm(0.0)
+    opt.step()
 
 
 def main() -> int:
@@ -89,25 +110,42 @@ def main() -> int:
                            "torch": torch.__version__, "threads": args.threads}, "sizes": {}}
     for size in sizes:
         params = rag_parameters(size)
-        row = {"parameters": sum(p.numel() for p in params), "tensors": len(params), "ms": {}}
+        row = {"parameters": sum(p.numel() for p in params), "tensors": len(params), "ms": {}, "update_ms": {}}
         for name, make in optimizers().items():
             opt = make(params)
-            times = []
+            # the step alone, then fairseq's whole update (fairseq optimizers only), alternating
+            runs = {"ms": opt.step}
+            if hasattr(opt, "multiply_grads"):
+                runs["update_ms"] = lambda: fairseq_update(opt)
+            times = {key: [] for key in runs}
             for i in range(3 + args.steps):
-                start = time.perf_counter()
-                opt.step()
-                times.append(time.perf_counter() - start)
-            row["ms"][name] = statistics.median(times[3:]) * 1e3
-            del opt
+                for key, run in runs.items():
+                    start = time.perf_counter()
+                    run()
+                    times[key].append(time.perf_counter() - start)
+            for key, ts in times.items():
+                row[key][name] = statistics.median(ts[3:]) * 1e3
+            del opt, runs
         results["sizes"][size] = row
-        print(f"{size}: {row['parameters'] / 1e6:.2f}M parameters in {row['tensors']} tensors: "
-              + ", ".join(f"{k} {v:.1f} ms" for k, v in row["ms"].items()), file=sys.stderr)
+        print(f"{size}: {row['parameters'] / 1e6:.2f}M parameters in {row['tensors']} tensors: step "
+              + ", ".join(f"{k} {v:.1f} ms" for k, v in row["ms"].items()) + "; fairseq's update "
+              + ", ".join(f"{k} {v:.1f} ms" for k, v in row["update_ms"].items()), file=sys.stderr)
         del params
-    names = list(optimizers())
+    names = [n for n in optimizers() if n != "torch_adamw, fairseq's multiply and norm"]
     print("| parameters | " + " | ".join(names) + " | fairseq adam ÷ torch_adamw |")
     print("|---|" + "---:|" * (len(names) + 1))
     for size, row in results["sizes"].items():
         ms = row["ms"]
+        print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
+              + " | ".join(f"{ms[n]:.1f} ms" for n in names)
+              + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")
+    names = list(next(iter(results["sizes"].values()))["update_ms"]) if results["sizes"] else []
+    print()
+    print("| fairseq's update (multiply_grads, clip_grad_norm, step) | " + " | ".join(names)
+          + " | fairseq adam ÷ torch_adamw |")
+    print("|---|" + "---:|" * (len(names) + 1))
+    for size, row in results["sizes"].items():
+        ms = row["update_ms"]
         print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
               + " | ".join(f"{ms[n]:.1f} ms" for n in names)
               + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")

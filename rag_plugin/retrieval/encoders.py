@@ -218,12 +218,15 @@ class BertSelfAttention(nn.Module):
         b, l, h = x.shape
         return x.view(b, l, self.num_heads, h // self.num_heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """``x``: [B, L, H]; ``mask``: BoolTensor[B, 1, 1, L] (True = attend) -> [B, L, H]."""
-        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], queries: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        """``x``: [B, L, H]; ``mask``: BoolTensor[B, 1, 1, L] (True = attend) -> [B, L', H]: attention
+        of ``queries`` ([B, L', H], default ``x``) over ``x``."""
+        queries = x if queries is None else queries
+        q, k, v = self._split(self.query(queries)), self._split(self.key(x)), self._split(self.value(x))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
-        return out.transpose(1, 2).reshape(x.shape)
+        return out.transpose(1, 2).reshape(queries.shape)
 
 
 class BertSelfOutput(nn.Module):
@@ -245,8 +248,10 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], queries: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        queries = x if queries is None else queries
+        return self.output(self.self(x, mask, queries), queries)
 
 
 class BertIntermediate(nn.Module):
@@ -279,8 +284,10 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        x = self.attention(x, mask)
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], first_token_only: bool = False
+                ) -> torch.Tensor:
+        """[B, L, H] -> [B, L, H], or [B, 1, H] (position 0 alone) with ``first_token_only``."""
+        x = self.attention(x, mask, x[:, :1] if first_token_only else None)
         return self.output(self.intermediate(x), x)
 
 
@@ -289,9 +296,13 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        for layer in self.layer:
-            x = layer(x, mask)
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], first_token_only: bool = False
+                ) -> torch.Tensor:
+        """``first_token_only``: the last layer computes position 0 alone (its keys and values still
+        read every position): what CLS pooling uses, at a fraction of the last layer's cost."""
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            x = layer(x, mask, first_token_only and i == last)
         return x
 
 
@@ -305,14 +316,15 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                token_type_ids: Optional[torch.Tensor] = None, first_token_only: bool = False) -> torch.Tensor:
         """``input_ids``: LongTensor[B, L]; ``attention_mask``: [B, L] (1 = token, 0 = pad);
-        ``token_type_ids``: LongTensor[B, L] or None (zeros) -> hidden states FloatTensor[B, L, H].
+        ``token_type_ids``: LongTensor[B, L] or None (zeros) -> hidden states FloatTensor[B, L, H]
+        ([B, 1, H], position 0's, with ``first_token_only``; see :meth:`BertEncoder.forward`).
         """
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        return self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        return self.encoder(self.embeddings(input_ids, token_type_ids), mask, first_token_only)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
@@ -368,7 +380,8 @@ class BiEncoderTower(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """LongTensor[B, L] x3 -> FloatTensor[B, D]."""
-        hidden = self.bert_model(input_ids, attention_mask, token_type_ids)
+        # CLS pooling reads position 0 alone: the last layer computes nothing else
+        hidden = self.bert_model(input_ids, attention_mask, token_type_ids, first_token_only=self.pooling == "cls")
         out = self.pool(hidden, attention_mask)
         if self.encode_proj is not None:
             out = self.encode_proj(out)

@@ -138,6 +138,116 @@ def test_param_groups_and_fallback():
     assert odd[0].detach().real.lt(1).all()
 
 
+
+# ---------------------------------------------------------------------- fairseq's update, deferred
+def _fairseq_update(opt, grads, factor, max_norm, aggregate=None, use_base=False):
+    """What fairseq's trainer does after the backward: multiply_grads(1 / sample size), the norm
+    (clip_grad_norm, with or without --clip-norm), the step. ``use_base``: fairseq's own
+    FairseqOptimizer methods (two passes over the gradients), the reference."""
+    from fairseq.optim import FairseqOptimizer
+
+    for p, g in zip(opt.params, grads):
+        p.grad = g.clone()
+    if use_base:
+        FairseqOptimizer.multiply_grads(opt, factor)
+        norm = FairseqOptimizer.clip_grad_norm(opt, max_norm, aggregate)
+        torch.optim.AdamW.step(opt.optimizer)
+    else:
+        opt.multiply_grads(factor)
+        norm = opt.clip_grad_norm(max_norm, aggregate)
+        opt.step()
+    opt.zero_grad()
+    return norm
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.05, 1e6])
+@pytest.mark.parametrize("tensor_factor", [False, True])
+def test_deferred_gradient_factor_matches_fairseq(max_norm, tensor_factor):
+    """multiply_grads and clip_grad_norm kept as a factor that the fused kernel applies: the same
+    returned norms and parameters as fairseq's two passes over the gradients, over 6 updates
+    (max_norm 0.05 clips every update, 1e6 never)."""
+    ours, ref = _params(), _params()
+    opt, ref_opt = TorchAdamW(_cfg(weight_decay=0.01), ours), TorchAdamW(_cfg(weight_decay=0.01), ref)
+    g = torch.Generator().manual_seed(3)
+    seen = []
+    for update in range(6):
+        grads = [torch.randn(p.shape, generator=g) * 10 for p in ours]
+        factor = 1.0 / (7 + update)
+        if tensor_factor:  # fairseq passes a tensor when the sample size is one
+            factor = torch.tensor(factor)
+        aggregate = (lambda n: seen.append(n) or n)
+        n_ours = _fairseq_update(opt, grads, factor, max_norm, aggregate)
+        n_ref = _fairseq_update(ref_opt, grads, factor, max_norm, use_base=True)
+        torch.testing.assert_close(n_ours, n_ref, rtol=1e-6, atol=0)
+        assert seen[-1] is n_ours  # aggregate_norm_fn saw the scaled norm
+    if max_norm == 0.05:
+        assert n_ref > 10 * max_norm  # clipping was active
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert max((a - b).abs().max().item() for a, b in zip(ours, _params())) > 1e-3  # they moved
+
+
+def test_deferred_factor_on_the_foreach_fallback_and_step_scale():
+    odd, ref = ([torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))] for _ in range(2))
+    opt, ref_opt = TorchAdamW(_cfg(), odd), torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.0)
+    grad = torch.tensor([1 + 2j, -3j, 0.5], dtype=torch.complex64)
+    odd[0].grad, ref[0].grad = grad.clone(), grad * 0.25 / 2.0
+    opt.multiply_grads(0.25)
+    opt.step(scale=2.0)  # fairseq's step(scale=...) divides the gradients by scale
+    ref_opt.step()
+    torch.testing.assert_close(odd[0], ref[0])
+
+
+def test_zero_grad_drops_a_pending_factor():
+    """After a skipped update (overflow, NaN: fairseq calls zero_grad) the next update starts clean."""
+    ours, ref = _params(), _params()
+    opt, ref_opt = TorchAdamW(_cfg(), ours), TorchAdamW(_cfg(), ref)
+    opt.multiply_grads(1e-3)
+    opt.clip_grad_norm(0.01)
+    opt.zero_grad()
+    grads = [torch.ones_like(p) for p in ours]
+    _fairseq_update(opt, grads, 0.5, 0.0)
+    _fairseq_update(ref_opt, grads, 0.5, 0.0, use_base=True)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b)
+    assert not hasattr(opt.optimizer, "grad_scale")
+
+
+def test_expert_parameters_take_fairseqs_path():
+    """Mixture-of-experts parameters (fairseq leaves their gradients out of the norm): no
+    deferral, fairseq's own multiply and norm."""
+    ours, ref = _params(), _params()
+    ours[0].expert = ref[0].expert = True
+    opt, ref_opt = TorchAdamW(_cfg(), ours), TorchAdamW(_cfg(), ref)
+    grads = [torch.full_like(p, 2.0) for p in ours]
+    n_ours = _fairseq_update(opt, grads, 0.5, 0.1)
+    n_ref = _fairseq_update(ref_opt, grads, 0.5, 0.1, use_base=True)
+    assert torch.equal(n_ours, n_ref)
+    expected = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads[1:]])) * 0.5
+    torch.testing.assert_close(n_ours, expected)
+    for a, b in zip(ours, ref):
+        assert torch.equal(a, b)
+
+
+def test_gradient_norm_is_accurate():
+    """The norm from per-tensor dot products against float64, on a large gradient (where torch's
+    float32 norm, fairseq's, is off by 1.3e-4 relative), a non-contiguous one and a complex one."""
+    g = torch.Generator().manual_seed(5)
+    big = torch.nn.Parameter(torch.zeros(5_000_000))
+    big.grad = torch.randn(5_000_000, generator=g)
+    strided = torch.nn.Parameter(torch.zeros(40, 30))
+    strided.grad = torch.randn(30, 40, generator=g).t()
+    assert not strided.grad.is_contiguous()
+    opt = TorchAdamW(_cfg(), [big, strided])
+    expected = torch.linalg.vector_norm(torch.cat([big.grad.double(), strided.grad.double().flatten()]))
+    norm = opt.clip_grad_norm(0.0)
+    assert norm.dtype == torch.float32
+    torch.testing.assert_close(norm.double(), expected, rtol=2e-5, atol=0)
+    odd = [torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))]
+    odd[0].grad = torch.tensor([3 + 4j, 0, 0], dtype=torch.complex64)
+    torch.testing.assert_close(TorchAdamW(_cfg(), odd).clip_grad_norm(0.0), torch.tensor(5.0))
+
+
 def test_memory_efficient_fp16_is_a_one_line_error():
     with pytest.raises(UserError, match="--fp16 or --bf16"):
         TorchAdamW(_cfg(memory_efficient_bf16=True), _params())

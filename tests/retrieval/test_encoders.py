@@ -140,6 +140,28 @@ def test_pooling_and_normalisation(vocab_file):
         torch.testing.assert_close(out, torch.nn.functional.normalize(hidden[:, 0], dim=-1))
 
 
+
+def test_cls_pooling_computes_position_zero_alone_in_the_last_layer(vocab_file):
+    """CLS pooling skips the last layer's other positions: the same vector and the same gradients
+    for every weight as pooling position 0 of the full hidden states (float64)."""
+    e = _random(vocab_file, pooling="cls", normalize=False)
+    tower = e.query_tower.double().eval()
+    ids, mask, types = e.collate(e.tokenize_queries(QUESTIONS))
+    assert mask.sum(1).min() < ids.size(1)  # padding present
+    full = tower.bert_model(ids, mask, types)
+    assert full.shape[1] == ids.size(1)
+    full_grads = torch.autograd.grad(full[:, 0].pow(2).sum(), list(tower.parameters()), allow_unused=True)
+    first = tower.bert_model(ids, mask, types, first_token_only=True)
+    assert first.shape == (len(QUESTIONS), 1, full.shape[-1])
+    assert torch.equal(tower(ids, mask, types), first[:, 0])
+    grads = torch.autograd.grad(first[:, 0].pow(2).sum(), list(tower.parameters()), allow_unused=True)
+    torch.testing.assert_close(first[:, 0], full[:, 0], rtol=1e-12, atol=1e-12)
+    for (name, _), a, b in zip(tower.named_parameters(), grads, full_grads):
+        if b is None:
+            assert a is None, name
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
 def test_padding_does_not_change_vectors(vocab_file):
     e = _random(vocab_file, pooling="mean")
     ids = e.tokenize_queries(QUESTIONS)
