@@ -119,6 +119,34 @@ def take_turns(contestants: dict, warmup: int, rounds: int, label: str) -> dict:
     return times
 
 
+def count_gflop(contestants: dict, start: int, steps: int) -> dict:
+    """Floating-point work of each contestant's step, in GFLOP, mean over ``steps`` steps (batches
+    ``start``...): torch's FlopCounterMode, which counts matrix products and attention, forward and
+    backward (2 per multiply-add); the rest (normalisation, softmax, the optimizer) is not counted.
+    Untimed. Tells work from speed: the host's speed drifts, the work does not."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    # torch counts the CUDA attention kernels only; the CPU ones do the same products
+    cpu_attention = {
+        aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, out_shape=None, **kw:
+            flop_counter.sdpa_flop_count(q, k, v),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda g, q, k, v, *a, out_shape=None, **kw:
+            flop_counter.sdpa_backward_flop_count(g, q, k, v),
+    }
+    out = {}
+    for name, fn in contestants.items():
+        total = 0
+        for i in range(start, start + steps):
+            if hasattr(fn, "prepare"):
+                fn.prepare(i)
+            with flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
+                fn(i)
+            total += counter.get_total_flops()
+        out[name] = total / steps / 1e9
+    return out
+
+
 def paired_ratio(fast, slow):
     """Median over rounds of slow_r / fast_r (how many times faster ``fast`` was, round by round)."""
     return statistics.median(s / f for f, s in zip(fast, slow))
@@ -142,6 +170,10 @@ def bench_train(plugin, ref, args) -> dict:
         res = {"step_s": {n: stats(v) for n, v in times.items()},
                "examples_per_s": {n: bs / statistics.median(v) for n, v in times.items()},
                "generator_input_tokens": stats(bare.input_lengths)}
+        if args.flop_steps > 0:
+            res["gflop_per_step"] = count_gflop(contestants, args.warmup + args.steps, args.flop_steps)
+            res["gflop_per_s"] = {n: res["gflop_per_step"][n] / statistics.median(v) for n, v in times.items()}
+            log(f"train {key}: GFLOP per step " + ", ".join(f"{n} {v:.2f}" for n, v in res["gflop_per_step"].items()))
         res["plugin_over_bare_step"] = statistics.median(times["plugin"]) / statistics.median(times["bare_generator"])
         res["plugin_over_bare_step_paired"] = paired_ratio(times["bare_generator"], times["plugin"])
         if "plugin_torch_dropout" in times:
@@ -310,6 +342,21 @@ def markdown(results: dict) -> str:
                 lines.append(f"| RAG-{kind.capitalize()} T={t} | " + " | ".join(f"{p[n] * 1e3:.1f}" for n in names)
                              + f" | {sum(p.values()) * 1e3:.0f} |")
             lines.append("")
+        work = {k: r for k, r in results["train"].items() if "gflop_per_step" in r}
+        if work:
+            names = [n for n in ("plugin", "ref96", "ref300", "bare_generator") if n in next(iter(work.values()))["gflop_per_step"]]
+            titles = {"plugin": "plugin", "ref96": "tf 96", "ref300": "tf 300", "bare_generator": "bare generator"}
+            lines += ["| training work, GFLOP per step (matrix products and attention, forward + backward) | "
+                      + " | ".join(titles[n] for n in names) + " | plugin ÷ tf 96 (work) | achieved GFLOP/s: "
+                      + ", ".join(titles[n] for n in names) + " |",
+                      "|---|" + "---:|" * (len(names) + 2)]
+            for key, r in work.items():
+                kind, t = key.split("_T")
+                g, rate = r["gflop_per_step"], r["gflop_per_s"]
+                share = f"{g['plugin'] / g['ref96']:.2f}" if "ref96" in g else "–"
+                lines.append(f"| RAG-{kind.capitalize()} T={t} | " + " | ".join(f"{g[n]:.1f}" for n in names)
+                             + f" | {share} | " + ", ".join(f"{rate[n]:.0f}" for n in names) + " |")
+            lines.append("")
         gains = {k: r for k, r in results["train"].items() if "fast_dropout_speedup" in r}
         if gains:
             lines += ["| plugin: fast dropout against F.dropout | examples/s, fast | examples/s, F.dropout "
@@ -367,6 +414,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=SPEC["threads"], help="torch threads (and faiss threads)")
     ap.add_argument("--warmup", type=int, default=3, help="training warm-up steps per contestant and setting")
     ap.add_argument("--steps", type=int, default=10, help="timed training rounds per setting")
+    ap.add_argument("--flop-steps", type=int, default=8,
+                    help="untimed training steps per contestant counted by torch's FlopCounterMode (0: none)")
     ap.add_argument("--gen-warmup", type=int, default=1)
     ap.add_argument("--gen-reps", type=int, default=5, help="timed generation rounds per mode")
     ap.add_argument("--memory-steps", type=int, default=3, help="training steps per setting in the memory probes")
