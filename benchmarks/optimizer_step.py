@@ -89,6 +89,17 @@ def fairseq_update(opt) -> None:
     opt.step()
 
 
+def print_table(results: dict, key: str, title: str, names: list) -> None:
+    """A Markdown table of the ``key`` timings (ms), one row per size, ``names`` as columns."""
+    print(f"| {title} | " + " | ".join(names) + " | fairseq adam ÷ torch_adamw |")
+    print("|---|" + "---:|" * (len(names) + 1))
+    for size, row in results["sizes"].items():
+        ms = row[key]
+        print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
+              + " | ".join(f"{ms[n]:.1f} ms" for n in names)
+              + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="bench,base", help=f"comma-separated, of {', '.join(SIZES)}")
@@ -132,23 +143,10 @@ def main() -> int:
               + ", ".join(f"{k} {v:.1f} ms" for k, v in row["update_ms"].items()), file=sys.stderr)
         del params
     names = [n for n in optimizers() if n != "torch_adamw, fairseq's multiply and norm"]
-    print("| parameters | " + " | ".join(names) + " | fairseq adam ÷ torch_adamw |")
-    print("|---|" + "---:|" * (len(names) + 1))
-    for size, row in results["sizes"].items():
-        ms = row["ms"]
-        print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
-              + " | ".join(f"{ms[n]:.1f} ms" for n in names)
-              + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")
-    names = list(next(iter(results["sizes"].values()))["update_ms"]) if results["sizes"] else []
+    print_table(results, "ms", "parameters", names)
     print()
-    print("| fairseq's update (multiply_grads, clip_grad_norm, step) | " + " | ".join(names)
-          + " | fairseq adam ÷ torch_adamw |")
-    print("|---|" + "---:|" * (len(names) + 1))
-    for size, row in results["sizes"].items():
-        ms = row["update_ms"]
-        print(f"| {size}: {row['parameters'] / 1e6:.2f}M ({row['tensors']} tensors) | "
-              + " | ".join(f"{ms[n]:.1f} ms" for n in names)
-              + f" | {ms['fairseq adam'] / ms['torch_adamw (fused)']:.2f}x |")
+    names = list(next(iter(results["sizes"].values()))["update_ms"]) if results["sizes"] else []
+    print_table(results, "update_ms", "fairseq's update (multiply_grads, clip_grad_norm, step)", names)
     from rag_plugin.io_utils import atomic_write_json
 
     atomic_write_json(args.json_out, results)
