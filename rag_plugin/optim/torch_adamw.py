@@ -186,8 +186,7 @@ class TorchAdamW(FairseqOptimizer):
         if factor is None:
             return self.optimizer.step(closure)
         if not self._mode["fused"]:
-            self._grad_factor = factor
-            self._apply_grad_factor()
+            super().multiply_grads(factor)
             return self.optimizer.step(closure)
         # the fused kernel divides each gradient by grad_scale as it reads it
         device = next(iter(self.params)).device  # fused: one device

@@ -138,7 +138,6 @@ def test_param_groups_and_fallback():
     assert odd[0].detach().real.lt(1).all()
 
 
-
 # ---------------------------------------------------------------------- fairseq's update, deferred
 def _fairseq_update(opt, grads, factor, max_norm, aggregate=None, use_base=False):
     """What fairseq's trainer does after the backward: multiply_grads(1 / sample size), the norm
