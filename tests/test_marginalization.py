@@ -665,6 +665,29 @@ def test_sequence_positional_scores_with_off_beam_documents():
     assert float(pos.sum()) == pytest.approx(math.log(0.25) - 3.0)
 
 
+def test_positional_scores_per_position_against_brute_force():
+    """Every position, in Python floats from the definitions: RAG-Token's
+    log sum_k p(z_k|x) p(y_t|x,z_k,y<t); RAG-Sequence's log p(y<=t|x) - log p(y<t|x) with
+    p(y<=t|x) = sum_k p(z_k|x) prod_{s<=t} p(y_s|x,z_k,y<s). Document 1 of question 0 is
+    off its beam (Fast decoding's -inf row): it must count as probability 0."""
+    g = torch.Generator().manual_seed(3)
+    B, K, T = 2, 3, 4
+    token_lp = torch.log_softmax(torch.randn(B, K, T, 6, generator=g, dtype=DT) * 2, -1)[..., 1].clone()
+    token_lp[0, 1] = float("-inf")
+    doc_lp = torch.log_softmax(torch.randn(B, K, generator=g, dtype=DT), -1)
+    seq = rag_sequence_positional_scores(token_lp, doc_lp)
+    tok = rag_token_positional_scores(token_lp, doc_lp)
+    for b in range(B):
+        p = [math.exp(float(doc_lp[b, k])) for k in range(K)]
+        q = [[math.exp(float(token_lp[b, k, t])) for t in range(T)] for k in range(K)]
+        for t in range(T):
+            expect_tok = math.log(sum(p[k] * q[k][t] for k in range(K)))
+            assert float(tok[b, t]) == pytest.approx(expect_tok, rel=1e-10, abs=1e-12)
+            upto = sum(p[k] * math.prod(q[k][: t + 1]) for k in range(K))
+            before = sum(p[k] * math.prod(q[k][:t]) for k in range(K))
+            assert float(seq[b, t]) == pytest.approx(math.log(upto / before), rel=1e-10, abs=1e-12)
+
+
 def test_token_positional_scores_sum_to_minus_nll():
     torch.manual_seed(1)
     token_lp = torch.log_softmax(torch.randn(2, 3, 5, 7, dtype=torch.float64), -1)[..., 2]

@@ -163,9 +163,8 @@ def test_nq_answers_supported(qa, corpus):
                 assert r["meta"]["template"] in templates
                 assert demo.answer_supported(answer, p), r
     by_id = {r["id"]: r for s in demo.SPLITS for r in qa["nq_demo"][s]}
-    oz = by_id.get("nq_demo:wiki:Ozone")
-    if oz is not None:
-        assert oz["output"][0]["answer"] == "Ozone"
+    ho = by_id["nq_demo:wiki:Holmium"]  # a title question: the Wikipedia short description -> the title
+    assert ho["input"] == "Chemical element with atomic number 67 (Ho)" and ho["output"][0]["answer"] == "Holmium"
     cap = by_id["nq_demo:country:FR:capital"]
     assert cap["input"] == "What is the capital of France?" and cap["output"][0]["answer"] == "Paris"
     assert by_id["nq_demo:country:US:capital"]["input"] == "What is the capital of the United States?"

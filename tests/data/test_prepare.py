@@ -280,6 +280,7 @@ def test_nq_dpr_qas_train_dev_carves_valid_and_dev_becomes_test(tmp_path):
     assert (out / "valid.jsonl").read_bytes() == (tmp_path / "nq2" / "valid.jsonl").read_bytes()
     prepare.convert_open_qa("nq", tmp_path / "nq3", train, dev, valid_from_train="0.3", seed=2, progress=False)
     assert len(read_jsonl(tmp_path / "nq3" / "valid.jsonl")) == 3
+    assert (tmp_path / "nq3" / "valid.jsonl").read_bytes() != (out / "valid.jsonl").read_bytes()
     summary = json.loads((out / "prepare.json").read_text())
     assert summary["formats"] == {"train": "dpr-qas", "test": "dpr-qas"}
     assert "valid (3) carved from train with seed 1" in summary["notes"]

@@ -1,5 +1,6 @@
 """scripts/evaluate.py and scripts/leaderboard.py end to end (subprocess)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rag_plugin.evaluation import metrics
 from tests.evaluation.eval_data import GOLD_QA, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,13 +61,20 @@ def test_evaluate_task_defaults(qa_files, tmp_path):
         {"id": "j1", "output": [{"answer": "This play by Shakespeare has a Danish prince"}]},
         {"id": "j2", "output": [{"answer": "The largest planet in the solar system"}]},
     ])
-    for task, keys in (("jeopardy", ["bleu1", "distinct3"]),
-                       ("msmarco", ["rougeL", "bleu1", "bleu", "distinct3"])):
+    # by hand: 13a lower-cased unigrams, 6 + 6 clipped matches of 8 + 7 guess tokens, references of
+    # 7 + 9 tokens (brevity penalty exp(1 - 16/15)); 6 + 5 trigrams, all distinct
+    bleu1 = 100 * math.exp(1 - 16 / 15) * 12 / 15
+    refs = ["This Shakespeare play features a Danish prince", "It is the largest planet of the solar system"]
+    preds = ["This play by Shakespeare has a Danish prince", "The largest planet in the solar system"]
+    expect = {"jeopardy": {"bleu1": bleu1, "distinct3": 100.0},
+              "msmarco": {"rougeL": 100 * metrics.rouge_l(preds, refs), "bleu1": bleu1,
+                          "bleu": 100 * metrics.sacrebleu_corpus(preds, [[r] for r in refs]), "distinct3": 100.0}}
+    for task, want in expect.items():
         proc = run(EVALUATE, "--gold", gold, "--guess", guess, "--task", task)
         assert proc.returncode == 0, proc.stderr
         scores = json.loads(proc.stdout)
-        assert list(scores) == keys
-        assert all(0 < v <= 100 for v in scores.values())
+        assert list(scores) == list(want)
+        assert scores == pytest.approx(want, abs=1e-3)
 
 
 def test_evaluate_fever_task(tmp_path):

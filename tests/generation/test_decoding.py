@@ -1,5 +1,6 @@
 """Decoding checks: beam scores equal teacher-forced scores, Thorough >= Fast, K=1 is BART."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,62 @@ def test_k1_all_decodings_reduce_to_bart_beam_search(tiny_world):
         for res in results:
             assert res[i][0]["tokens"].tolist() == plain[i][0]["tokens"].tolist()
             assert float(res[i][0]["score"]) == pytest.approx(float(plain[i][0]["score"]), abs=1e-4)
+
+
+@pytest.mark.parametrize("seed, sharpen", [(3, 1.0), (5, 2.0)])
+def test_rag_sequence_decodings_against_per_document_bart_beams(tiny_world, seed, sharpen):
+    """RAG-Sequence decoding rebuilt from plain parts: fairseq's own SequenceGenerator on the BART
+    generator for each (question, document) input gives the candidates; the prior is the softmax of
+    the retrieval scores; Thorough teacher-forces every candidate through BART under every document,
+    Fast keeps the beam's log-probability where the document's beam found the candidate and 0
+    probability elsewhere; the answer maximises log sum_z p(z|x) p(y|x,z) / |y|.
+
+    Seed 3: the documents' beams partly overlap (27 (candidate, document) pairs off their document's
+    beam); seed 5 with every weight matrix doubled (``sharpen``): the beams are disjoint (90 pairs)."""
+    k, beam = 3, 3
+    task, model, sample = _setup(tiny_world, RagSequenceModel, n_docs=k, seed=seed)
+    ni = sample["net_input"]
+    eos = task.dictionary.eos()
+    with torch.no_grad():
+        for p in model.generator.parameters():
+            if p.dim() == 2:
+                p.mul_(sharpen)
+        _, extra = model(**ni)
+        prior = torch.log_softmax(extra["doc_scores"].double(), -1)
+        src, lengths = model.generator_inputs(ni["src_tokens"], extra["doc_rows"])  # row b * k + d
+        bart = SequenceGenerator([model.generator], task.dictionary, beam_size=beam, max_len_a=0, max_len_b=6)
+        beams = bart.generate([model.generator], {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+        model.generator.decoder.set_beam_size(1)  # the search left its beam-grouped cross-attention on
+
+        def forced(row, y):
+            tgt = torch.tensor([y])
+            prev = torch.cat([torch.tensor([[eos]]), tgt[:, :-1]], 1)
+            logits, _ = model.generator(src[row:row + 1], lengths[row:row + 1], prev)
+            return float(torch.log_softmax(logits.double(), -1)[0, torch.arange(len(y)), tgt[0]].sum())
+
+        expect = {"thorough": [], "fast": []}
+        off_beam = 0
+        for b in range(ni["src_tokens"].size(0)):
+            found = {}  # candidate -> {document: the beam's log p(y|x,z)}
+            for d in range(k):
+                for h in beams[b * k + d]:
+                    found.setdefault(tuple(h["tokens"].tolist()), {})[d] = float(h["positional_scores"].double().sum())
+            scored = {"thorough": [], "fast": []}
+            for y, by_doc in found.items():
+                off_beam += k - len(by_doc)
+                lse = lambda terms: math.log(sum(math.exp(t) for t in terms))  # noqa: E731
+                scored["fast"].append((lse([float(prior[b, d]) + lp for d, lp in by_doc.items()]) / len(y), y))
+                scored["thorough"].append((lse([float(prior[b, d]) + forced(b * k + d, list(y))
+                                               for d in range(k)]) / len(y), y))
+            for decoding in expect:
+                expect[decoding].append(max(scored[decoding]))
+    assert off_beam > 0  # some candidates were missing from some beams: Fast and Thorough differ there
+    for decoding, best in expect.items():
+        task.cfg.rag_decoding = decoding
+        got = _gen(task, model, sample, beam=beam)
+        for (score, y), hyps in zip(best, got):
+            assert hyps[0]["tokens"].tolist() == list(y), decoding
+            assert float(hyps[0]["score"]) == pytest.approx(score, abs=1e-4), decoding
 
 
 def _generate_cli(world, ckpt, *extra, data=None, knowledge=None):

@@ -108,9 +108,22 @@ def test_resume_applies_the_current_settings_and_kernel():
     opt_b.load_state_dict(saved, opt_b.optimizer_config)
     group = opt_b.param_groups[0]
     assert (group["lr"], group["weight_decay"], group["fused"], group["foreach"]) == (2e-3, 0.05, True, None)
-    for p in opt_b.params:
+    # the reference: torch's single-tensor AdamW resumed from the same moments with the new settings
+    ref_params = _params()
+    ref_state = copy.deepcopy(saved)
+    for g in ref_state["param_groups"]:
+        g.update(lr=2e-3, weight_decay=0.05, fused=None, foreach=False)
+    ref = torch.optim.AdamW(ref_params, lr=2e-3, weight_decay=0.05, foreach=False)
+    ref.load_state_dict(ref_state)
+    for p, q in zip(opt_b.params, ref_params):
         p.grad = torch.ones_like(p)
+        q.grad = torch.ones_like(q)
     opt_b.step()  # the fused kernel accepts the loaded state
+    ref.step()
+    moved = max((p - p0).abs().max().item() for p, p0 in zip(opt_b.params, _params()))
+    assert moved > 1e-3
+    for p, q in zip(opt_b.params, ref_params):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
 def test_state_of_fairseq_adam_is_refused():

@@ -45,7 +45,9 @@ def test_build_then_load_and_search_exactly(tmp_path):
 
 def test_rebuild_same_settings_is_up_to_date_other_settings_refused(tmp_path):
     _build(tmp_path)
-    _build(tmp_path)  # no error: up to date
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ks").rglob("*")}
+    _build(tmp_path)  # no error: up to date, nothing rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ks").rglob("*")} == stamps
     with pytest.raises(UserError, match="other settings"):
         _build(tmp_path, factory="HNSW32")
 

