@@ -567,8 +567,19 @@ def test_entropy_and_top1():
 def test_entropy_gradient_finite_with_masked_docs():
     scores = torch.randn(2, 4, dtype=DT, requires_grad=True)
     mask = torch.tensor([[True, True, False, True], [True, False, False, False]])
-    M.doc_posterior_entropy(M.doc_log_prior(scores, mask)).sum().backward()
+    ent = M.doc_posterior_entropy(M.doc_log_prior(scores, mask))
+    ent.sum().backward()
     assert torch.isfinite(scores.grad).all()
+    # analytically, with p = softmax over the documents that exist: dH/ds_i = -p_i (log p_i + H), 0 for the others
+    for b in range(2):
+        alive = [k for k in range(4) if mask[b, k]]
+        z = sum(math.exp(scores[b, k].item()) for k in alive)
+        prior = {k: math.exp(scores[b, k].item()) / z for k in alive}
+        h = -sum(q * math.log(q) for q in prior.values())
+        assert math.isclose(ent[b].item(), h, rel_tol=1e-12, abs_tol=1e-15)
+        for k in range(4):
+            want = -prior[k] * (math.log(prior[k]) + h) if k in prior else 0.0
+            assert math.isclose(scores.grad[b, k].item(), want, rel_tol=1e-10, abs_tol=1e-14)
 
 
 # ----------------------------------------------------------------------------- float32

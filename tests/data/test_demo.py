@@ -156,12 +156,12 @@ def test_nq_answers_supported(qa, corpus):
     for s in demo.SPLITS:
         for r in qa["nq_demo"][s]:
             answer, p = gold(r, corpus["default"])
-            if r["meta"]["relation"] == "title":
-                assert demo.answer_supported(answer, p, title_question=True)
+            if r["meta"]["relation"] == "title":  # the answer is the gold passage's title, not given away
+                assert answer == p["title"]
                 assert demo._fold(answer) not in demo._fold(r["input"])
-            else:
+            else:  # the answer is written in the gold passage's text
                 assert r["meta"]["template"] in templates
-                assert demo.answer_supported(answer, p), r
+                assert answer and answer in p["text"], r
     by_id = {r["id"]: r for s in demo.SPLITS for r in qa["nq_demo"][s]}
     ho = by_id["nq_demo:wiki:Holmium"]  # a title question: the Wikipedia short description -> the title
     assert ho["input"] == "Chemical element with atomic number 67 (Ho)" and ho["output"][0]["answer"] == "Holmium"

@@ -102,6 +102,41 @@ def test_bm25_finds_lexical_match(tmp_path):
     assert res.scores.shape == (2, 3)
 
 
+def test_bm25_scores_equal_the_lucene_formula(tmp_path):
+    """Every score by hand: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), term weight
+    tf / (tf + k1 (1 - b + b |d| / avgdl)) (Lucene's: the textbook's constant factor k1 + 1 dropped,
+    the ranking unchanged), k1 = 1.5, b = 0.75, over lower-cased tokens of two or more word
+    characters without English stopwords (bm25s' tokenizer)."""
+    import math
+    import re
+    from collections import Counter
+
+    from bm25s.stopwords import STOPWORDS_EN
+
+    ks = _build(tmp_path)
+    stop = set(STOPWORDS_EN)
+
+    def tokens(text):
+        return [w for w in re.findall(r"(?u)\b\w\w+\b", text.lower()) if w not in stop]
+
+    docs = [Counter(tokens(f"{t} {x}")) for t, x in ks.passages.iter_titles_texts()]
+    lengths = [sum(d.values()) for d in docs]
+    n, avgdl, k1, b = len(docs), sum(lengths) / len(docs), 1.5, 0.75
+    df = Counter(w for d in docs for w in d)
+    questions = ["unique42 river", "alpha beta king", "the city of omega"]
+    res = BM25Retriever(ks.passages).search(questions, k=5)
+    for qi, q in enumerate(questions):
+        scores = []
+        for d, dl in zip(docs, lengths):
+            s = sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * d[w]
+                    / (d[w] + k1 * (1 - b + b * dl / avgdl)) for w in set(tokens(q)) if w in d)
+            scores.append(s)
+        top = sorted(range(n), key=lambda i: -scores[i])[:5]
+        np.testing.assert_allclose(res.scores[qi], [scores[i] for i in top], rtol=1e-5)
+        # and each returned passage has the score the formula gives it (ties may come in any order)
+        np.testing.assert_allclose([scores[i] for i in res.rows[qi]], res.scores[qi], rtol=1e-5)
+
+
 SLOW_BUILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
