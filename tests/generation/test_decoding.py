@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from fairseq.dataclass.configs import GenerationConfig
@@ -152,6 +153,26 @@ def test_rag_sequence_decodings_against_per_document_bart_beams(tiny_world, seed
             assert float(hyps[0]["score"]) == pytest.approx(score, abs=1e-4), decoding
 
 
+def _exact_retrieval(ckpt, knowledge, questions, k):
+    """Per question, the top-k (passage id, p(z|x)) by brute force: the checkpoint's question encoder,
+    the inner product with every stored vector (float64), times the model's score scale, softmax."""
+    from rag_plugin.hub import RAG
+
+    rag = RAG.from_pretrained(str(ckpt), knowledge=str(knowledge), n_docs=k)
+    ds = rag.task.build_dataset(questions)
+    sample = ds.collater([ds[i] for i in range(len(ds))])
+    with torch.no_grad():
+        q = rag.model.query_encoder(sample["net_input"]["query_tokens"], sample["net_input"]["query_mask"])
+    vectors = torch.from_numpy(np.asarray(rag.task.knowledge.vectors, dtype=np.float64))
+    scores = q.double() @ vectors.T * rag.model.doc_score_scale
+    top = scores.topk(k, dim=1)
+    store = rag.task.knowledge.passages
+    out = [None] * len(questions)
+    for sid, values, rows in zip(sample["id"].tolist(), top.values, top.indices):
+        out[sid] = [(store.id(int(r)), float(pz)) for r, pz in zip(rows, torch.softmax(values, -1))]
+    return out
+
+
 def _generate_cli(world, ckpt, *extra, data=None, knowledge=None):
     cmd = [str(Path(sys.executable).parent / "fairseq-generate"), str(data or world["data"]), "--user-dir", "rag_plugin",
            "--task", "retrieval_augmented", "--knowledge", str(knowledge or world["ks"]), "--path", str(ckpt),
@@ -183,6 +204,14 @@ def test_fairseq_generate_answers_every_line_with_provenance(tiny_world, trained
     assert all(abs(sum(float(x[2]) for x in z if x[0] == f"Z-{i}") - 1) < 1e-3 for i in range(n))
     prov = [json.loads(l) for l in (tmp_path / "prov.jsonl").read_text().splitlines()]
     assert sorted(p["sample_id"] for p in prov) == list(range(n))
+    # the Z lines against retrieval by brute force: the checkpoint's question encoder, an inner product
+    # with every stored passage vector, the top 3 and their softmax (no FAISS, no generator code)
+    questions = [json.loads(line)["input"] for line in lines[:-1]]  # the empty question aside
+    expect = _exact_retrieval(trained[arch], tiny_world["ks"], questions, k=3)
+    for i, docs in enumerate(expect):
+        got = [x for x in z if x[0] == f"Z-{i}"]
+        assert [x[3] for x in got] == [d for d, _ in docs]
+        assert [float(x[2]) for x in got] == pytest.approx([pz for _, pz in docs], abs=2e-6)
 
 
 @pytest.mark.slow
