@@ -224,6 +224,32 @@ def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
     for rec in recs:
         cols = list(zip(*rec["posterior"]))
         assert len(cols) == len(rec["tokens"]) and all(abs(sum(c) - 1) < 1e-4 for c in cols)
+    # each record against the definition, p(z|x, y_t, y<t) = p(z|x) p(y_t|x,z,y<t) / sum over z, with
+    # the prior from brute-force retrieval and every token teacher-forced through BART by hand
+    from rag_plugin.hub import RAG
+
+    rag = RAG.from_pretrained(str(trained["rag_token_tiny"]), knowledge=str(tiny_world["ks"]), n_docs=3)
+    questions = [json.loads(line)["input"] for line in (tiny_world["data"] / "test.jsonl").read_text().splitlines()]
+    exact = _exact_retrieval(trained["rag_token_tiny"], tiny_world["ks"], questions, k=3)
+    store, dictionary = rag.task.knowledge.passages, rag.task.dictionary
+    row_of = {store.id(i): i for i in range(len(store))}
+    ds = rag.task.build_dataset(questions)
+    for rec in recs:
+        sid = rec["sample_id"]
+        by_id = dict(exact[sid])
+        assert [d["id"] for d in rec["docs"]] and set(d["id"] for d in rec["docs"]) == set(by_id)
+        y = [dictionary.index(piece) for piece in rec["tokens"]]
+        sample = ds.collater([ds[sid]])
+        rows = torch.tensor([[row_of[d["id"]] for d in rec["docs"]]])
+        with torch.no_grad():
+            src, lengths = rag.model.generator_inputs(sample["net_input"]["src_tokens"], rows)
+            prev = torch.tensor([[dictionary.eos()] + y[:-1]] * len(rec["docs"]))
+            logits, _ = rag.model.generator(src, lengths, prev)
+        token_p = torch.softmax(logits.double(), -1)[:, torch.arange(len(y)), torch.tensor(y)]  # [K, T]
+        joint = torch.tensor([by_id[d["id"]] for d in rec["docs"]], dtype=torch.float64)[:, None] * token_p
+        np.testing.assert_allclose(rec["posterior"], (joint / joint.sum(0)).numpy(), atol=2e-5)
+        np.testing.assert_allclose([d["prior"] for d in rec["docs"]], [by_id[d["id"]] for d in rec["docs"]],
+                                   atol=2e-6)
     # another knowledge source with a different document encoder: refused in one line
     from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
 
