@@ -7,6 +7,7 @@ import pytest
 from rag_plugin.errors import UserError
 from rag_plugin.hub import RAG
 from tests.conftest import ROOT
+from tests.generation.test_decoding import _exact_retrieval
 
 
 @pytest.mark.slow
@@ -18,6 +19,9 @@ def test_hub_generate_returns_answers_with_provenance(tiny_world, trained):
         assert isinstance(r["answer"], str) and len(r["provenance"]) == 2 and len(r["alternatives"]) <= 1
         assert abs(sum(p["p"] for p in r["provenance"]) - 1) < 1e-4
         assert r["provenance"][0]["p"] >= r["provenance"][1]["p"]
+    # the provenance of the real question: retrieval by brute force (question encoder, every stored vector)
+    (expect,) = _exact_retrieval(trained["rag_seq_tiny"], tiny_world["ks"], ["What is the capital of Kakaka?"], k=2)
+    assert [(p["id"], p["p"]) for p in out[0]["provenance"]] == [(i, pytest.approx(pz, abs=1e-6)) for i, pz in expect]
 
 
 def test_hub_without_knowledge_source(tmp_path):
