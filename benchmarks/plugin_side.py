@@ -122,8 +122,8 @@ class PluginSide:
             threads = step_search_threads(model.retriever.knowledge.index, q.size(0), torch.get_num_threads())
             found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), k, threads=threads)
             rows = torch.from_numpy(found.rows)
-            d = torch.from_numpy(model.retriever.doc_vectors(found.rows)).to(q)
-            scores = torch.bmm(d, q.unsqueeze(-1)).squeeze(-1) * model.doc_score_scale
+            d = torch.from_numpy(model.retriever.doc_vectors(found.rows)).to(q.device)
+            scores = torch.bmm(d, q.float().unsqueeze(-1)).squeeze(-1) * model.doc_score_scale
             marks.append(("retrieval", clock()))
             src, lengths = model.generator_inputs(ni["src_tokens"], rows)
             marks.append(("generator_inputs", clock()))

@@ -59,10 +59,12 @@ class RAG:
     def generate(self, questions: Sequence[str], beam: int = 4, nbest: int = 1, max_len_b: int = 64,
                  lenpen: float = 1.0, batch_size: int = 16, **generation) -> List[dict]:
         """Answers with provenance: one dict per question (``nbest`` > 1 adds ``alternatives``)."""
+        from fairseq import utils
         from fairseq.dataclass.configs import GenerationConfig
 
         args = GenerationConfig(beam=beam, nbest=nbest, max_len_a=0, max_len_b=max_len_b, lenpen=lenpen, **generation)
         generator = self.task.build_generator([self.model], args)
+        device = next(self.model.parameters()).device
         store = self.task.knowledge.passages
         results: List[dict] = []
         questions = list(questions)
@@ -70,6 +72,7 @@ class RAG:
             chunk = questions[start:start + batch_size]
             dataset = self.task.build_dataset(chunk)
             sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+            sample = utils.apply_to_sample(lambda t: t.to(device), sample)  # a model moved to a GPU
             with torch.no_grad():
                 hypos = generator.generate([self.model], sample)
             rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")

@@ -341,7 +341,7 @@ def teacher_forced_token_lp(rag, encoder_out, pair_rows: torch.Tensor, targets: 
     t = max(len(x) for x in targets)
     target, prev = _teacher_forcing_rows(targets, t, pad, eos)
     device = encoder_out["encoder_out"][0].device
-    target, prev = target.to(device), prev.to(device)
+    target, prev, pair_rows = target.to(device), prev.to(device), pair_rows.to(device)
     vocab = len(rag.dictionary)
     step = max(1, max_cells // max(1, t * vocab))
     out = torch.zeros(r, t, device=device)

@@ -57,7 +57,7 @@ class RagSequenceGenerator(RagGeneratorBase):
         self.search_model.encoder.cached = None
         owner, cand_tokens, found = self._union(beams, b, k)
         token_lp = self._score(encoder_out, owner, cand_tokens, found, k)          # [C, K, T]
-        positional = M.rag_sequence_positional_scores(token_lp, doc_lp[owner])      # [C, T]
+        positional = M.rag_sequence_positional_scores(token_lp, doc_lp.cpu()[owner])  # [C, T], on the host
         return self._rank(owner, cand_tokens, positional, b)
 
     @staticmethod

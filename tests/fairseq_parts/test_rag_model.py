@@ -173,3 +173,42 @@ def test_query_encoder_lr_scale_scales_the_adam_step(tiny_world):
         moves[scale] = (after - before).abs().max().item()
     assert moves[1.0] == pytest.approx(1e-3, rel=0.05)
     assert moves[0.1] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_document_scores_stay_float32_under_a_16_bit_query_encoder(tiny_world):
+    """--fp16/--bf16 make the query encoder 16-bit; the prior's logits are still float32 inner products of
+    its query vector with the stored float32 document vectors (16-bit scores would round them: bf16 steps
+    of 0.5 at DPR's scores of 60-90)."""
+    task = _task(tiny_world, n_docs=3)
+    model = _model(RagTokenModel, task).eval()
+    model.query_encoder.to(torch.bfloat16)
+    ni = _batch(task)["net_input"]
+    with torch.no_grad():
+        scores, rows = model.retrieve(ni["query_tokens"], ni["query_mask"], 3)
+        q = model.query_encoder(ni["query_tokens"], ni["query_mask"])
+    assert q.dtype == torch.bfloat16 and scores.dtype == torch.float32
+    d = torch.from_numpy(np.asarray(task.knowledge.vectors, dtype=np.float64))[rows]  # [B, K, D]
+    expect = (d @ q.double().unsqueeze(-1)).squeeze(-1) * model.doc_score_scale
+    torch.testing.assert_close(scores.double(), expect, rtol=1e-6, atol=1e-6)
+
+
+def test_bm25_scores_survive_fairseqs_16_bit_batches(tiny_world):
+    """Under --fp16/--bf16 fairseq's trainer casts every float32 tensor of a batch to 16 bits
+    (Trainer._prepare_sample); BM25's document scores must reach the model unrounded."""
+    from fairseq import utils
+
+    cfg = RetrievalAugmentedConfig(data=str(tiny_world["data"]), knowledge=str(tiny_world["ks"]), n_docs=3,
+                                   retriever="bm25")
+    task = RetrievalAugmentedTask.setup_task(cfg)
+    task.load_dataset("train")
+    sample = _batch(task)
+    scores = sample["net_input"]["fixed_doc_scores"].clone()
+    for dtype in (torch.half, torch.bfloat16):
+        cast = utils.apply_to_sample(lambda t: t.to(dtype) if t.dtype is torch.float32 else t, sample)
+        assert torch.equal(cast["net_input"]["fixed_doc_scores"], scores)
+    model = _model(RagTokenModel, task).eval()
+    with torch.no_grad():
+        _, extra = model(**sample["net_input"])
+    assert extra["doc_scores"].dtype == torch.float32
+    torch.testing.assert_close(extra["doc_scores"], scores[:, :3].float(), rtol=0, atol=0)
+    assert torch.equal(extra["doc_rows"], sample["net_input"]["fixed_doc_rows"][:, :3])
