@@ -100,17 +100,22 @@ def _is_refused_pickle(exc_type, exc) -> bool:
     return issubclass(exc_type, pickle.UnpicklingError) and "weights_only" in str(exc)
 
 
+def _chain(exc: Optional[BaseException], depth: int = 8) -> Iterator[BaseException]:
+    """``exc``, then the exception it was raised from or while handling, and so on (``depth`` at most)."""
+    while exc is not None and depth > 0:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+        depth -= 1
+
+
 def _user_error_in_chain(exc: Optional[BaseException]) -> Optional[BaseException]:
     """``exc`` itself, or the exception it was raised from or while handling, if that is a
     :class:`UserError` (or a refused pickle). fairseq re-raises some errors as a generic
     ``Exception`` (e.g. "Cannot load model parameters from checkpoint"): the user's problem is
     the original one."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, UserError) or _is_refused_pickle(type(exc), exc):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+    for e in _chain(exc):
+        if isinstance(e, UserError) or _is_refused_pickle(type(e), e):
+            return e
     return None
 
 
@@ -121,14 +126,11 @@ _LOST_RANK_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Br
 
 
 def _lost_rank_error(exc: Optional[BaseException]) -> Optional[BaseException]:
-    seen = 0
-    while exc is not None and seen < 8:  # also when fairseq's heartbeat SIGINT came on top of it
-        names = {cls.__name__ for cls in type(exc).__mro__}
+    for e in _chain(exc):  # also when fairseq's heartbeat SIGINT came on top of it
+        names = {cls.__name__ for cls in type(e).__mro__}
         if names & {"RuntimeError", "DistError", "DistBackendError", "DistNetworkError"} and \
-                any(sign in str(exc) for sign in _LOST_RANK_SIGNS):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+                any(sign in str(e) for sign in _LOST_RANK_SIGNS):
+            return e
     return None
 
 
@@ -150,6 +152,21 @@ def lost_rank_message(exc: BaseException) -> Optional[str]:
             f"checkpoint_last.pt)")
 
 
+def missing_accelerator_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if fairseq failed for want of the accelerator an option asks for:
+    ``--fp16`` puts the optimizer's float32 master weights on CUDA, ``--bf16`` and
+    ``--memory-efficient-bf16`` imply ``--tpu``; without them fairseq stops with an assertion
+    or an attribute error deep in its trainer."""
+    for e in _chain(exc):
+        if isinstance(e, AssertionError) and "not compiled with CUDA" in str(e):
+            return ("--fp16 needs CUDA, which this torch build lacks: fairseq keeps the float32 master weights on "
+                    "the GPU (on the CPU leave --fp16 out and train in float32)")
+        if isinstance(e, AttributeError) and "xla_device" in str(e):
+            return ("fairseq's --bf16 and --memory-efficient-bf16 imply --tpu and need torch_xla (on a GPU use "
+                    "--fp16; on the CPU leave them out)")
+    return None
+
+
 def _write_and_exit(message: str, status: int) -> None:
     # torch.distributed wraps sys.excepthook and points sys.stderr at a buffer while the hook
     # runs; the process ends here, so write to the real stderr.
@@ -163,7 +180,8 @@ def _write_and_exit(message: str, status: int) -> None:
 
 def install_excepthook() -> None:
     """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2; a
-    collective failing because another rank died: one line, exit 1."""
+    collective failing because another rank died: one line, exit 1; fairseq failing for want of
+    the accelerator an option asks for (:func:`missing_accelerator_message`): one line, exit 2."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -176,6 +194,9 @@ def install_excepthook() -> None:
         lost = lost_rank_message(exc) if exc is not None else None
         if lost is not None:
             _write_and_exit(lost, 1)
+        accelerator = missing_accelerator_message(exc) if exc is not None else None
+        if accelerator is not None:
+            _write_and_exit(accelerator, 2)
         previous(exc_type, exc, tb)
 
     if getattr(sys.excepthook, "_rag_plugin", False):

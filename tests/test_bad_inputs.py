@@ -35,6 +35,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -353,6 +354,12 @@ def case_table() -> List[Case]:
     def t_adam_eps(d, w):
         return fairseq_train(w, w["data"], d / "ckpt", extra=["--optimizer", "torch_adamw", "--adam-eps=-1e-8"])
 
+    def t_fp16(d, w):
+        return fairseq_train(w, w["data"], d / "ckpt", extra=["--fp16"])
+
+    def t_bf16(d, w):
+        return fairseq_train(w, w["data"], d / "ckpt", extra=["--bf16"])
+
     def t_truncated_last(d, w):
         (d / "ckpt").mkdir()
         (d / "ckpt" / "checkpoint_last.pt").write_bytes(Path(w["checkpoint"]).read_bytes()[:4096])
@@ -441,6 +448,9 @@ def case_table() -> List[Case]:
         Case("train: --dropout above 1", t_dropout, ["--dropout 1.5 is not a dropout probability", "[0, 1)"],
              ["ckpt"]),
         Case("train: torch_adamw with a negative --adam-eps", t_adam_eps, ["--adam-eps -1e-08 is not a number >= 0"], ["ckpt"]),
+        *([Case("train: --fp16 with a torch without CUDA", t_fp16, ["--fp16 needs CUDA", "leave --fp16 out"], ["ckpt"])]
+          if not torch.cuda.is_available() else []),
+        Case("train: --bf16 (fairseq's is for TPUs)", t_bf16, ["imply --tpu", "on a GPU use --fp16"], ["ckpt"]),
         Case("train: checkpoint_last.pt cut short", t_truncated_last,
              ["ckpt/checkpoint_last.pt:", "unreadable or truncated"], unchanged=["ckpt/checkpoint_last.pt"]),
         # --- fairseq-generate
