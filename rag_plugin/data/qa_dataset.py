@@ -82,7 +82,7 @@ class RetrievalQADataset(FairseqDataset):
             idx = ids.numpy()
             net_input["fixed_doc_rows"] = torch.from_numpy(self.fixed_rows[idx])
             # float64: fairseq's --fp16/--bf16 cast every float32 tensor of a batch to 16 bits, which would
-            # round BM25 scores (the prior's logits) to steps of 0.125-0.25; the model takes them as float32
+            # round BM25 scores (the prior's logits; bf16 steps of 0.125-0.25 at 16-64); the model takes them as float32
             net_input["fixed_doc_scores"] = torch.from_numpy(self.fixed_scores[idx]).double()
         batch = {"id": ids, "nsentences": len(samples), "net_input": net_input}
         if self.gold_rows is not None:

@@ -212,7 +212,7 @@ class RagModel(BaseFairseqModel):
         found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs, threads=threads)
         rows = torch.from_numpy(found.rows)
         # float32 inner products whatever the model's dtype: under --fp16/--bf16 a 16-bit score would
-        # round the prior's logits (bf16 steps of 0.5 at DPR's scores of 60-90)
+        # round the prior's logits (bf16 steps of 0.25-0.5 at DPR's scores of 60-90)
         d = torch.from_numpy(self.retriever.doc_vectors(found.rows)).to(q.device)  # [B, K, D] float32, frozen
         scores = torch.bmm(d, q.float().unsqueeze(-1)).squeeze(-1) * self.doc_score_scale  # [B, K]
         return scores, rows

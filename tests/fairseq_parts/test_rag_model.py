@@ -178,7 +178,7 @@ def test_query_encoder_lr_scale_scales_the_adam_step(tiny_world):
 def test_document_scores_stay_float32_under_a_16_bit_query_encoder(tiny_world):
     """--fp16/--bf16 make the query encoder 16-bit; the prior's logits are still float32 inner products of
     its query vector with the stored float32 document vectors (16-bit scores would round them: bf16 steps
-    of 0.5 at DPR's scores of 60-90)."""
+    of 0.25-0.5 at DPR's scores of 60-90)."""
     task = _task(tiny_world, n_docs=3)
     model = _model(RagTokenModel, task).eval()
     model.query_encoder.to(torch.bfloat16)
