@@ -57,7 +57,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         gold = sample.get("gold_rows")
         if gold is not None and net_output[1].get("doc_rows") is not None:
             stats["gold_doc_prob"] = gold_doc_prob(doc_lp, net_output[1]["doc_rows"], gold).sum().data
-            stats["n_with_gold"] = int(gold.ge(0).any(-1).sum())
+            stats["n_with_gold"] = gold.ge(0).any(-1).sum().data  # a tensor like the others: no device sync
         return (loss.sum() if reduce else loss), ntokens, stats
 
     def compute_loss(self, model, net_output, sample):
