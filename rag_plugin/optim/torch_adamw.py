@@ -149,12 +149,16 @@ class TorchAdamW(FairseqOptimizer):
         if factor is not None:
             super().multiply_grads(factor)
 
+    def _defer(self, c) -> None:
+        """Fold ``c`` (a number or a tensor) into the pending factor."""
+        self._grad_factor = c if self._grad_factor is None else self._grad_factor * c
+
     def multiply_grads(self, c):
         """Multiply every gradient by ``c``: recorded, applied by the next ``step``."""
         if not self._deferrable():
             self._apply_grad_factor()
             return super().multiply_grads(c)
-        self._grad_factor = c if self._grad_factor is None else self._grad_factor * c
+        self._defer(c)
 
     def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
         """The gradients' total L2 norm (pending factor included) as fairseq's ``clip_grad_norm_``
@@ -174,8 +178,7 @@ class TorchAdamW(FairseqOptimizer):
         if aggregate_norm_fn is not None:
             total = aggregate_norm_fn(total)
         if max_norm > 0:
-            coef = (float(max_norm) / (total + 1e-6)).clamp_(max=1)
-            self._grad_factor = coef if self._grad_factor is None else self._grad_factor * coef
+            self._defer((float(max_norm) / (total + 1e-6)).clamp_(max=1))
         return total
 
     def step(self, closure=None, scale=1.0, groups=None):

@@ -17,6 +17,7 @@ rag_plugin.register()
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from rag_plugin import input_format  # noqa: E402
+from rag_plugin.hub import RAG  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 
@@ -123,10 +124,7 @@ def test_rag_sequence_decodings_against_per_document_bart_beams(tiny_world, seed
         model.generator.decoder.set_beam_size(1)  # the search left its beam-grouped cross-attention on
 
         def forced(row, y):
-            tgt = torch.tensor([y])
-            prev = torch.cat([torch.tensor([[eos]]), tgt[:, :-1]], 1)
-            logits, _ = model.generator(src[row:row + 1], lengths[row:row + 1], prev)
-            return float(torch.log_softmax(logits.double(), -1)[0, torch.arange(len(y)), tgt[0]].sum())
+            return float(_forced_log_probs(model.generator, src[row:row + 1], lengths[row:row + 1], y, eos).sum())
 
         expect = {"thorough": [], "fast": []}
         off_beam = 0
@@ -153,12 +151,17 @@ def test_rag_sequence_decodings_against_per_document_bart_beams(tiny_world, seed
             assert float(hyps[0]["score"]) == pytest.approx(score, abs=1e-4), decoding
 
 
-def _exact_retrieval(ckpt, knowledge, questions, k):
-    """Per question, the top-k (passage id, p(z|x)) by brute force: the checkpoint's question encoder,
-    the inner product with every stored vector (float64), times the model's score scale, softmax."""
-    from rag_plugin.hub import RAG
+def _forced_log_probs(generator, src, lengths, y, eos):
+    """log p(y_t | row, y<t) of target ``y`` (ending in </s>) under every input row of ``src``, by hand:
+    the decoder reads </s> then y[:-1], as fairseq feeds it. float64 [rows, len(y)]."""
+    prev = torch.tensor([[eos] + list(y[:-1])] * src.size(0))
+    logits, _ = generator(src, lengths, prev)
+    return torch.log_softmax(logits.double(), -1)[:, torch.arange(len(y)), torch.tensor(list(y))]
 
-    rag = RAG.from_pretrained(str(ckpt), knowledge=str(knowledge), n_docs=k)
+
+def _exact_retrieval(rag, questions, k):
+    """Per question, the top-k (passage id, p(z|x)) by brute force for a hub ``RAG``: its question
+    encoder, the inner product with every stored vector (float64), times the model's score scale, softmax."""
     ds = rag.task.build_dataset(questions)
     sample = ds.collater([ds[i] for i in range(len(ds))])
     with torch.no_grad():
@@ -207,7 +210,8 @@ def test_fairseq_generate_answers_every_line_with_provenance(tiny_world, trained
     # the Z lines against retrieval by brute force: the checkpoint's question encoder, an inner product
     # with every stored passage vector, the top 3 and their softmax (no FAISS, no generator code)
     questions = [json.loads(line)["input"] for line in lines[:-1]]  # the empty question aside
-    expect = _exact_retrieval(trained[arch], tiny_world["ks"], questions, k=3)
+    rag = RAG.from_pretrained(str(trained[arch]), knowledge=str(tiny_world["ks"]), n_docs=3)
+    expect = _exact_retrieval(rag, questions, k=3)
     for i, docs in enumerate(expect):
         got = [x for x in z if x[0] == f"Z-{i}"]
         assert [x[3] for x in got] == [d for d, _ in docs]
@@ -226,11 +230,9 @@ def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
         assert len(cols) == len(rec["tokens"]) and all(abs(sum(c) - 1) < 1e-4 for c in cols)
     # each record against the definition, p(z|x, y_t, y<t) = p(z|x) p(y_t|x,z,y<t) / sum over z, with
     # the prior from brute-force retrieval and every token teacher-forced through BART by hand
-    from rag_plugin.hub import RAG
-
     rag = RAG.from_pretrained(str(trained["rag_token_tiny"]), knowledge=str(tiny_world["ks"]), n_docs=3)
     questions = [json.loads(line)["input"] for line in (tiny_world["data"] / "test.jsonl").read_text().splitlines()]
-    exact = _exact_retrieval(trained["rag_token_tiny"], tiny_world["ks"], questions, k=3)
+    exact = _exact_retrieval(rag, questions, k=3)
     store, dictionary = rag.task.knowledge.passages, rag.task.dictionary
     row_of = {store.id(i): i for i in range(len(store))}
     ds = rag.task.build_dataset(questions)
@@ -243,9 +245,7 @@ def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
         rows = torch.tensor([[row_of[d["id"]] for d in rec["docs"]]])
         with torch.no_grad():
             src, lengths = rag.model.generator_inputs(sample["net_input"]["src_tokens"], rows)
-            prev = torch.tensor([[dictionary.eos()] + y[:-1]] * len(rec["docs"]))
-            logits, _ = rag.model.generator(src, lengths, prev)
-        token_p = torch.softmax(logits.double(), -1)[:, torch.arange(len(y)), torch.tensor(y)]  # [K, T]
+            token_p = _forced_log_probs(rag.model.generator, src, lengths, y, dictionary.eos()).exp()  # [K, T]
         joint = torch.tensor([by_id[d["id"]] for d in rec["docs"]], dtype=torch.float64)[:, None] * token_p
         np.testing.assert_allclose(rec["posterior"], (joint / joint.sum(0)).numpy(), atol=2e-5)
         np.testing.assert_allclose([d["prior"] for d in rec["docs"]], [by_id[d["id"]] for d in rec["docs"]],

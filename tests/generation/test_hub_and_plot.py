@@ -20,7 +20,7 @@ def test_hub_generate_returns_answers_with_provenance(tiny_world, trained):
         assert abs(sum(p["p"] for p in r["provenance"]) - 1) < 1e-4
         assert r["provenance"][0]["p"] >= r["provenance"][1]["p"]
     # the provenance of the real question: retrieval by brute force (question encoder, every stored vector)
-    (expect,) = _exact_retrieval(trained["rag_seq_tiny"], tiny_world["ks"], ["What is the capital of Kakaka?"], k=2)
+    (expect,) = _exact_retrieval(rag, ["What is the capital of Kakaka?"], k=2)
     assert [(p["id"], p["p"]) for p in out[0]["provenance"]] == [(i, pytest.approx(pz, abs=1e-6)) for i, pz in expect]
 
 
