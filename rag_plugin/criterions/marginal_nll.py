@@ -13,13 +13,17 @@ import torch
 from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
+from omegaconf import II
 
 from rag_plugin import marginalization as M
+from rag_plugin.errors import UserError
 
 
 @dataclass
 class MarginalNLLConfig(FairseqDataclass):
     label_smoothing: float = field(default=0.0, metadata={"help": "epsilon for label smoothing (0 = none)"})
+    sentence_avg: bool = II("optimization.sentence_avg")
+    best_checkpoint_metric: str = II("checkpoint.best_checkpoint_metric")
 
 
 def doc_log_prior_of(net_output) -> torch.Tensor:
@@ -31,34 +35,44 @@ def gold_doc_prob(doc_lp: torch.Tensor, doc_rows, gold_rows) -> torch.Tensor:
     """Sum of p(z|x) over retrieved documents that are gold passages: [B] (0 if none retrieved)."""
     if doc_rows is None or gold_rows is None:
         return doc_lp.new_zeros(doc_lp.size(0))
-    hit = (doc_rows.to(gold_rows.device).unsqueeze(-1) == gold_rows.unsqueeze(1)).any(-1)   # [B, K]
+    same = doc_rows.to(gold_rows.device).unsqueeze(-1) == gold_rows.unsqueeze(1)           # [B, K, G]
+    hit = (same & gold_rows.ge(0).unsqueeze(1)).any(-1)  # [B, K]; gold rows pad with -1, never a hit
     return (doc_lp.exp() * hit.to(doc_lp)).sum(-1)
 
 
 @register_criterion("marginal_nll", dataclass=MarginalNLLConfig)
 class MarginalNLLCriterion(FairseqCriterion):
-    def __init__(self, task, label_smoothing: float = 0.0):
+    def __init__(self, task, label_smoothing: float = 0.0, sentence_avg: bool = False,
+                 best_checkpoint_metric: str = "loss"):
         super().__init__(task)
         self.eps = label_smoothing
+        self.sentence_avg = sentence_avg  # fairseq's --sentence-avg: gradients averaged per example, not per token
+        self.best_checkpoint_metric = best_checkpoint_metric
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
         loss, nll, doc_lp = self.compute_loss(model, net_output, sample)
         ntokens = sample["ntokens"]
+        nsentences = sample["target"].size(0)
+        sample_size = nsentences if self.sentence_avg else ntokens
         stats = {
             "loss": loss.sum().data if reduce else loss.data,
             "nll_loss": nll.sum().data,
             "ntokens": ntokens,
-            "nsentences": sample["target"].size(0),
-            "sample_size": ntokens,
+            "nsentences": nsentences,
+            "sample_size": sample_size,
             "doc_entropy": M.doc_posterior_entropy(doc_lp).sum().data,
             "top1_doc_prob": M.top1_doc_prob(doc_lp).sum().data,
         }
         gold = sample.get("gold_rows")
+        if gold is None and not model.training and self.best_checkpoint_metric == "gold_doc_prob":
+            raise UserError("--best-checkpoint-metric gold_doc_prob needs gold passages (provenance) in the valid "
+                            "set; this valid set names none",
+                            fix="choose another --best-checkpoint-metric (e.g. loss), or add provenance to the valid set")
         if gold is not None and net_output[1].get("doc_rows") is not None:
             stats["gold_doc_prob"] = gold_doc_prob(doc_lp, net_output[1]["doc_rows"], gold).sum().data
             stats["n_with_gold"] = gold.ge(0).any(-1).sum().data  # a tensor like the others: no device sync
-        return (loss.sum() if reduce else loss), ntokens, stats
+        return (loss.sum() if reduce else loss), sample_size, stats
 
     def compute_loss(self, model, net_output, sample):
         """Per-example (loss [B], nll [B], doc_lp [B, K])."""
@@ -77,8 +91,9 @@ class MarginalNLLCriterion(FairseqCriterion):
         def total(key):
             return sum(float(log.get(key, 0)) for log in logging_outputs)
 
-        ntokens, nsent = total("ntokens"), total("nsentences")
-        metrics.log_scalar("loss", total("loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
+        ntokens, nsent, sample_size = total("ntokens"), total("nsentences"), total("sample_size")
+        # as fairseq's cross_entropy: loss per sample_size (per example under --sentence-avg), nll per token
+        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
         metrics.log_scalar("nll_loss", total("nll_loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
         metrics.log_derived("ppl", lambda meters: 2 ** meters["nll_loss"].avg)
         metrics.log_scalar("doc_entropy", total("doc_entropy") / max(nsent, 1), nsent, round=3)

@@ -67,7 +67,9 @@ class RagConfig(FairseqDataclass):
     query_encoder_lr_scale: float = field(
         default=1.0, metadata={"help": "the query encoder learns at this multiple of --lr (e.g. 0.03: a generator "
                                        "trained from scratch at 1e-3 beside a pretrained query encoder at 3e-5); "
-                                       "works with any fairseq optimizer"})
+                                       "works with any fairseq optimizer; its decoupled weight decay follows the "
+                                       "same multiple with --optimizer torch_adamw only (others decay it at the "
+                                       "full lr x --weight-decay)"})
     doc_score_scale: float = field(
         default=0.0, metadata={"help": "p(z|x) = softmax(scale * q.d). 0 = automatic: 1 for DPR's unnormalised "
                                        "inner products, 20 for L2-normalised encoders such as MiniLM (whose cosine "
@@ -118,6 +120,9 @@ def scale_learning_rate(module: torch.nn.Module, scale: float) -> None:
         for name, param in list(sub.named_parameters(recurse=False)):
             if param.requires_grad:
                 parametrize.register_parametrization(sub, name, _Scaled(scale))
+                # AdamW's decoupled decay (stored *= 1 - lr * wd) is not scaled by the reparametrisation:
+                # the tag lets an optimizer give these parameters weight decay x scale (torch_adamw does)
+                getattr(sub.parametrizations, name).original.lr_scale = scale
 
 
 def _as_config(cfg) -> RagConfig:
@@ -281,6 +286,16 @@ class RagModel(BaseFairseqModel):
             self.knowledge_identity = trained
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """A checkpoint trained with dense retrieval also serves closed book (``--n-docs 0``) and BM25
+        (``--retriever bm25``): its query encoder is left out. The other way round is an error."""
+        ours = any(k.startswith("query_encoder.") for k in self.state_dict())
+        theirs = any(k.startswith("query_encoder.") for k in state_dict)
+        if theirs and not ours:
+            state_dict = {k: v for k, v in state_dict.items() if not k.startswith("query_encoder.")}
+        elif ours and not theirs and strict:
+            raise UserError("the checkpoint has no query encoder (it was trained closed book or with BM25), "
+                            "this run retrieves with a dense one",
+                            fix="run with --n-docs 0 or --retriever bm25, as it was trained")
         return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
 
 

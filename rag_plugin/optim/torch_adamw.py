@@ -86,6 +86,36 @@ def _squared_norm(grad: torch.Tensor) -> torch.Tensor:
     return torch.dot(flat, flat).double()
 
 
+def _decay_groups(params: list, weight_decay: float) -> list:
+    """Parameters whose learning rate is scaled by reparametrisation (``--query-encoder-lr-scale``
+    tags them with ``lr_scale``) get their own group with weight decay x that scale: AdamW's
+    decoupled decay of the stored parameter is not scaled by the reparametrisation, so without it
+    a query encoder at 0.03 x lr would decay at the full lr x weight decay, 33x what its lr promises."""
+    if not weight_decay or not params or isinstance(params[0], dict):
+        return params
+    by_scale: Dict[float, list] = {}
+    for p in params:
+        by_scale.setdefault(float(getattr(p, "lr_scale", 1.0)), []).append(p)
+    if len(by_scale) == 1 and 1.0 in by_scale:
+        return params
+    return [{"params": ps, "weight_decay": weight_decay * scale} for scale, ps in by_scale.items()]
+
+
+class _AdamW(torch.optim.AdamW):
+    """torch's AdamW that tells its fairseq wrapper when the gradients are cleared. fairseq's
+    ``--amp`` wrapper clears them through this optimizer, not through ``TorchAdamW.zero_grad``;
+    a pending factor must not outlive the gradients it was meant for (after an overflow the
+    clipping coefficient is 0 or NaN: the retried update would not move, or poison every weight)."""
+
+    def __init__(self, params, on_zero_grad, **settings):
+        super().__init__(params, **settings)
+        self._on_zero_grad = on_zero_grad
+
+    def zero_grad(self, set_to_none: bool = True):
+        self._on_zero_grad()
+        super().zero_grad(set_to_none)
+
+
 @register_optimizer("torch_adamw", dataclass=TorchAdamWConfig)
 class TorchAdamW(FairseqOptimizer):
     """fairseq wrapper of ``torch.optim.AdamW(fused=True)`` (foreach where fused can't run)."""
@@ -105,13 +135,14 @@ class TorchAdamW(FairseqOptimizer):
                               ("--weight-decay", settings["weight_decay"])):
             if not value >= 0.0:  # also catches NaN
                 raise UserError(f"{option} {value} is not a number >= 0", fix=f"give {option} a value >= 0")
-        self._optimizer = torch.optim.AdamW(params, **settings)
         self._grad_factor = None  # pending multiplier of every gradient (None: 1), see the module docstring
+        self._optimizer = _AdamW(_decay_groups(params, settings["weight_decay"]), self._drop_grad_factor, **settings)
 
     @property
     def optimizer_config(self) -> Dict[str, Any]:
-        """The settings, also applied over those stored in a checkpoint on resume (as fairseq does),
-        the kernel choice included (so a state saved without the fused kernel resumes with it)."""
+        """The settings of this run. On resume fairseq keeps the checkpoint's (``--optimizer-overrides``
+        replaces them; the lr comes from the scheduler), except the kernel choice, which is always
+        this run's (``load_state_dict``)."""
         lr = self.cfg.lr[0] if isinstance(self.cfg.lr, Collection) else self.cfg.lr
         return {"lr": float(lr), "betas": parse_betas(self.cfg.adam_betas), "eps": self.cfg.adam_eps,
                 "weight_decay": self.cfg.weight_decay, **self._mode}
@@ -130,9 +161,14 @@ class TorchAdamW(FairseqOptimizer):
                 or any(not torch.is_tensor(s) for s in steps):
             raise UserError("the checkpoint's optimizer state was not written by --optimizer torch_adamw",
                             fix="resume with --reset-optimizer, or with the optimizer that wrote it")
+        if len(groups) != len(self.param_groups):
+            raise UserError(f"the checkpoint's optimizer state has {len(groups)} parameter group(s), this run "
+                            f"{len(self.param_groups)} (--query-encoder-lr-scale with --weight-decay adds one)",
+                            fix="resume with the options that wrote it, or with --reset-optimizer")
         super().load_state_dict(state_dict, optimizer_overrides)
-        for group in self.param_groups:  # fused steps keep their counter on the parameter's device
-            for p in group["params"]:
+        for group in self.param_groups:
+            group.update(self._mode)  # this run's kernel: a state saved by the foreach fallback may resume fused
+            for p in group["params"]:  # fused steps keep their counter on the parameter's device
                 state = self.optimizer.state.get(p)
                 if state and group.get("fused") and torch.is_tensor(state.get("step")):
                     state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
@@ -142,6 +178,9 @@ class TorchAdamW(FairseqOptimizer):
         """Whether the gradients may carry a pending factor: dense gradients only, and no
         mixture-of-experts parameters (fairseq's norm leaves those out)."""
         return not any((p.grad is not None and p.grad.is_sparse) or hasattr(p, "expert") for p in self.params)
+
+    def _drop_grad_factor(self) -> None:
+        self._grad_factor = None
 
     def _apply_grad_factor(self) -> None:
         """Multiply the gradients by the pending factor now (where the fused kernel can't)."""
@@ -201,8 +240,7 @@ class TorchAdamW(FairseqOptimizer):
             del self.optimizer.grad_scale
 
     def zero_grad(self):
-        self._grad_factor = None
-        super().zero_grad()
+        super().zero_grad()  # fairseq's: every .grad to None, then the torch optimizer's (drops the factor)
 
     def average_params(self):
         """``--use-bmuf``: average Adam's moments over the workers (as fairseq's adam does)."""

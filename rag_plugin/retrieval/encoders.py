@@ -514,9 +514,17 @@ class TextEncoder:
         return self
 
     # ---- tokenization
-    def tokenize_queries(self, questions: Sequence[str]) -> List[List[int]]:
-        """Token ids (``[CLS] q [SEP]``, truncated to ``max_length``) per question."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(questions))]
+    def tokenize_queries(self, questions: Sequence[str], max_length: Optional[int] = None) -> List[List[int]]:
+        """Token ids (``[CLS] q [SEP]``, truncated to ``max_length``, default the encoder's) per question.
+        A shorter ``max_length`` cuts the question, never its closing ``[SEP]`` (what the tokenizer's own
+        truncation to that length gives)."""
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(questions))]
+        if max_length is None or max_length >= self.max_length:
+            return ids
+        if max_length < 3:
+            raise UserError(f"a query length of {max_length} leaves no room for a question between [CLS] and [SEP]",
+                            fix="use --max-query-tokens 3 or more")
+        return [q if len(q) <= max_length else q[: max_length - 1] + q[-1:] for q in ids]
 
     def passage_inputs(self, titles: Optional[Sequence[Optional[str]]], texts: Sequence[str]
                        ) -> list:

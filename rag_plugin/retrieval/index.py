@@ -119,14 +119,41 @@ def search(index, queries: np.ndarray, k: int, threads: Optional[int] = None) ->
                         fix="use the query encoder that matches the knowledge source's document encoder")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if threads is None:
-        return index.search(queries, k)
+        scores, rows = index.search(queries, k)
+    else:
+        faiss = _faiss()
+        before = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(max(1, int(threads)))
+        try:
+            scores, rows = index.search(queries, k)
+        finally:
+            faiss.omp_set_num_threads(before)
+    _check_all_found(index, rows, k)
+    return scores, rows
+
+
+def _check_all_found(index, rows: np.ndarray, k: int) -> None:
+    """FAISS marks a result it could not fill with row -1 (score -3.4e38): an IVF index whose
+    ``nprobe`` probed lists hold fewer than ``k`` vectors. Row -1 would read as the last passage
+    everywhere downstream (numpy indexing), so it is refused here, for every caller."""
+    missing = rows < 0
+    if missing.any():
+        query = int(np.flatnonzero(missing.any(axis=1))[0])
+        found = int((~missing[query]).sum())
+        nprobe = getattr(_ivf_of(index), "nprobe", None)
+        setting = f" with nprobe={nprobe}" if nprobe is not None else ""
+        raise UserError(f"the index found only {found} of the k={k} passages asked for (query {query} of the "
+                        f"batch){setting}: the probed lists hold too few vectors",
+                        fix="raise --nprobe, or ask for fewer passages")
+
+
+def _ivf_of(index):
+    """The IVF layer of an index (through an ID map or a pre-transform), or None."""
     faiss = _faiss()
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(max(1, int(threads)))
     try:
-        return index.search(queries, k)
-    finally:
-        faiss.omp_set_num_threads(before)
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
 
 
 # Below this many multiply-adds (exact-search equivalent: queries x vectors x dimension, about

@@ -10,7 +10,7 @@ from rag_plugin import input_format
 
 rag_plugin.register()
 
-from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion  # noqa: E402
+from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion, gold_doc_prob  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 
@@ -175,6 +175,30 @@ def test_query_encoder_lr_scale_scales_the_adam_step(tiny_world):
     assert moves[0.1] == pytest.approx(1e-4, rel=0.05)
 
 
+def test_query_encoder_lr_scale_scales_torch_adamw_weight_decay(tiny_world):
+    """AdamW's decoupled decay under --query-encoder-lr-scale 0.03 and --weight-decay 0.1: with zero
+    gradients an update only decays, the query encoder's weights by (1 - 0.03 lr wd) per step as an
+    lr of 0.03 x lr implies, the generator's by (1 - lr wd)."""
+    from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig
+
+    task = _task(tiny_world, n_docs=3)
+    model = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=0.03),
+                                      task)
+    lr, wd, steps = 0.05, 0.1, 20
+    opt = TorchAdamW(TorchAdamWConfig(lr=[lr], weight_decay=wd), [p for p in model.parameters() if p.requires_grad])
+    assert sorted(g["weight_decay"] for g in opt.param_groups) == pytest.approx([0.03 * wd, wd])
+    q_weight = lambda: model.query_encoder.bert_model.encoder.layer[0].output.dense.weight.detach().clone()
+    g_weight = lambda: model.generator.encoder.layers[0].fc1.weight.detach().clone()
+    q0, g0 = q_weight(), g_weight()
+    for _ in range(steps):
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+    torch.testing.assert_close(q_weight(), q0 * (1 - 0.03 * lr * wd) ** steps, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g_weight(), g0 * (1 - lr * wd) ** steps, rtol=1e-5, atol=1e-7)
+
+
 def test_document_scores_stay_float32_under_a_16_bit_query_encoder(tiny_world):
     """--fp16/--bf16 make the query encoder 16-bit; the prior's logits are still float32 inner products of
     its query vector with the stored float32 document vectors (16-bit scores would round them: bf16 steps
@@ -212,3 +236,55 @@ def test_bm25_scores_survive_fairseqs_16_bit_batches(tiny_world):
     assert extra["doc_scores"].dtype == torch.float32
     torch.testing.assert_close(extra["doc_scores"], scores[:, :3].float(), rtol=0, atol=0)
     assert torch.equal(extra["doc_rows"], sample["net_input"]["fixed_doc_rows"][:, :3])
+
+
+def test_gold_doc_prob_sums_the_prior_of_gold_documents_only():
+    """Gold rows pad with -1: a -1 is never a gold hit, whatever the retrieved rows hold."""
+    prior = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
+    rows = torch.tensor([[7, -1, 4], [9, 2, -1]])
+    gold = torch.tensor([[4, -1], [-1, -1]])
+    got = gold_doc_prob(prior.log(), rows, gold)
+    torch.testing.assert_close(got, torch.tensor([0.2, 0.0]))
+
+
+def test_dense_checkpoint_serves_closed_book_but_not_the_reverse(tiny_world):
+    """fairseq-generate --n-docs 0 (or --retriever bm25) on a checkpoint trained with dense retrieval:
+    the same generator, the query encoder left out; a closed-book checkpoint under dense retrieval
+    would leave the query encoder random: a one-line error."""
+    from rag_plugin.errors import UserError
+
+    dense = _model(RagTokenModel, _task(tiny_world, n_docs=3))
+    closed = _model(RagTokenModel, _task(tiny_world, n_docs=0), seed=5)
+    assert closed.query_encoder is None
+    closed.load_state_dict(dense.state_dict())
+    for (name, a), (_, b) in zip(closed.generator.state_dict().items(), dense.generator.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(UserError, match="no query encoder.*--n-docs 0 or --retriever bm25"):
+        _model(RagTokenModel, _task(tiny_world, n_docs=3)).load_state_dict(closed.state_dict())
+
+
+def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_world):
+    """--sentence-avg: fairseq divides the summed loss by sample_size = number of examples (else
+    target tokens); the logged loss is per sample_size, nll per token. --best-checkpoint-metric
+    gold_doc_prob on a valid set without provenance: a one-line error, not fairseq's KeyError."""
+    from fairseq import metrics
+    from rag_plugin.errors import UserError
+
+    task = _task(tiny_world, n_docs=3)
+    model = _model(RagTokenModel, task).eval()
+    sample = _batch(task)
+    with torch.no_grad():
+        loss_t, size_t, log_t = MarginalNLLCriterion(task)(model, sample)
+        loss_s, size_s, log_s = MarginalNLLCriterion(task, sentence_avg=True)(model, sample)
+    assert size_t == sample["ntokens"] and size_s == sample["target"].size(0) == 4
+    torch.testing.assert_close(loss_s, loss_t)
+    with metrics.aggregate() as agg:
+        MarginalNLLCriterion.reduce_metrics([log_s])
+    assert agg.get_smoothed_value("loss") == pytest.approx(float(loss_s) / 4 / math.log(2), abs=1e-3)
+    assert agg.get_smoothed_value("nll_loss") == pytest.approx(
+        float(log_s["nll_loss"]) / sample["ntokens"] / math.log(2), abs=1e-3)
+    no_gold = {k: v for k, v in sample.items() if k != "gold_rows"}
+    crit = MarginalNLLCriterion(task, best_checkpoint_metric="gold_doc_prob")
+    with torch.no_grad(), pytest.raises(UserError, match="gold_doc_prob needs gold passages"):
+        crit(model, no_gold)
+    crit(model.train(), no_gold)  # training batches need none

@@ -97,15 +97,20 @@ def test_state_dict_round_trip_continues_identically():
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-def test_resume_applies_the_current_settings_and_kernel():
-    """fairseq resumes with the command line's settings over the saved ones; a state saved by the
-    foreach fallback resumes on the fused kernel."""
+def test_resume_keeps_the_saved_settings_and_takes_this_runs_kernel():
+    """fairseq's resume: the checkpoint's settings unless ``--optimizer-overrides`` names them (the
+    trainer passes ``{}`` by default; the lr comes from the scheduler after loading), but the kernel is
+    always this run's: a state saved by the foreach fallback resumes on the fused kernel."""
     _, opt_a = _stepped()
     saved = copy.deepcopy(opt_a.state_dict())
     for group in saved["param_groups"]:
         group.update(fused=None, foreach=True, lr=0.5)
+    opt_kept = TorchAdamW(_cfg(lr=2e-3, weight_decay=0.05), _params())
+    opt_kept.load_state_dict(copy.deepcopy(saved), {})  # what fairseq's trainer passes by default
+    group = opt_kept.param_groups[0]
+    assert (group["lr"], group["weight_decay"], group["fused"], group["foreach"]) == (0.5, 0.0, True, None)
     opt_b = TorchAdamW(_cfg(lr=2e-3, weight_decay=0.05), _params())
-    opt_b.load_state_dict(saved, opt_b.optimizer_config)
+    opt_b.load_state_dict(saved, {"lr": 2e-3, "weight_decay": 0.05})  # --optimizer-overrides
     group = opt_b.param_groups[0]
     assert (group["lr"], group["weight_decay"], group["fused"], group["foreach"]) == (2e-3, 0.05, True, None)
     # the reference: torch's single-tensor AdamW resumed from the same moments with the new settings
@@ -118,7 +123,10 @@ def test_resume_applies_the_current_settings_and_kernel():
     for p, q in zip(opt_b.params, ref_params):
         p.grad = torch.ones_like(p)
         q.grad = torch.ones_like(q)
-    opt_b.step()  # the fused kernel accepts the loaded state
+    opt_b.multiply_grads(0.5)  # a pending factor: the fused kernel's grad_scale must be accepted
+    for q in ref_params:
+        q.grad.mul_(0.5)
+    opt_b.step()
     ref.step()
     moved = max((p - p0).abs().max().item() for p, p0 in zip(opt_b.params, _params()))
     assert moved > 1e-3
@@ -223,6 +231,48 @@ def test_zero_grad_drops_a_pending_factor():
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b)
     assert not hasattr(opt.optimizer, "grad_scale")
+
+
+@pytest.mark.parametrize("overflow", ["inf", "nan"])
+def test_amp_overflow_then_retry_moves_like_fairseq_adam(overflow):
+    """fairseq-train --amp --clip-norm: an overflowing batch (its clipping coefficient 0 or NaN) is
+    skipped by the grad scaler and retried; fairseq's AMP wrapper clears the gradients through the
+    torch optimizer, not through TorchAdamW.zero_grad. The retried update must be fairseq adam's.
+    (fairseq's AMP needs CUDA's GradScaler; torch's CPU GradScaler stands in for it.)"""
+    from fairseq.optim.adam import FairseqAdam
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+
+    def run(build):
+        p = torch.nn.Parameter(torch.randn(500, generator=torch.Generator().manual_seed(0)))
+        target = torch.randn(500, generator=torch.Generator().manual_seed(1))
+        cfg = OmegaConf.create({"optimizer": {}, "common": {"fp16_init_scale": 128, "min_loss_scale": 1e-4,
+                                                            "amp_scale_window": None}})
+        opt = AMPOptimizer(cfg, [p], build([p]))
+        opt._grad_scaler = torch.amp.GradScaler("cpu", init_scale=128.0)
+        norms = []
+        for bad in (True, False):  # the trainer's train_step, then its retry of the same batch
+            opt.zero_grad()
+            loss = ((p - target) ** 2).sum()
+            if bad:
+                spoil = (p * float("inf")).sum()
+                loss = loss + (spoil if overflow == "inf" else spoil - spoil)
+            opt.backward(loss)
+            opt.multiply_grads(1.0 / 30)
+            norms.append(opt.clip_grad_norm(0.5))
+            opt.step()
+        return p.detach(), norms
+
+    # eps 1e-16: the scaler's second unscale in fairseq's AMP step leaves gradients of ~1e-6, where the two
+    # optimizers' epsilons (test_epsilon_sits_where_the_docstring_says) would differ at 1e-8
+    ours, our_norms = run(lambda ps: TorchAdamW(_cfg(lr=1e-3, adam_eps=1e-16), ps))
+    ref_cfg = OmegaConf.create({"lr": [1e-3], "adam_betas": "(0.9, 0.999)", "adam_eps": 1e-16, "weight_decay": 0.0,
+                                "use_old_adam": False, "fp16_adam_stats": False, "tpu": False})
+    ref, ref_norms = run(lambda ps: FairseqAdam(ref_cfg, ps))
+    assert not torch.isfinite(our_norms[0]) and float(ref_norms[1]) > 1.0
+    torch.testing.assert_close(our_norms[1], ref_norms[1], rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-7)
+    start = torch.randn(500, generator=torch.Generator().manual_seed(0))
+    assert (ours - start).abs().max() > 5e-4  # the retried update moved the weights
 
 
 def test_expert_parameters_take_fairseqs_path():

@@ -96,6 +96,22 @@ def test_minilm_settings_and_identity(minilm):
     assert minilm.identity() == ident  # deterministic
 
 
+def test_shorter_query_length_keeps_sep_as_the_tokenizers_truncation_does(minilm):
+    """--max-query-tokens below the encoder's length: the question is cut, its [SEP] kept, token for
+    token what the tokenizer's own truncation to that length gives."""
+    from tokenizers import Tokenizer
+
+    questions = ["What is the capital of " + " ".join(["Gavisu"] * 80) + "?", "Who wrote it?"]
+    reference = Tokenizer.from_str(minilm.tokenizer.to_str())
+    reference.enable_truncation(16)
+    got = minilm.tokenize_queries(questions, max_length=16)
+    assert got == [e.ids for e in reference.encode_batch(questions)]
+    assert len(got[0]) == 16 and got[0][-1] == minilm.tokenizer.token_to_id("[SEP]")
+    assert got[1] == minilm.tokenize_queries(questions)[1]  # short questions unchanged
+    with pytest.raises(UserError, match="--max-query-tokens 3 or more"):
+        minilm.tokenize_queries(questions, max_length=2)
+
+
 def test_minilm_joined_passage_format(minilm):
     ids = minilm.tokenize_passages(["Paris", "Q&A?", None], ["Capital of France.", "x", "y"])
     assert ids[0] == minilm.tokenize_queries(["Paris. Capital of France."])[0]

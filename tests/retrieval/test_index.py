@@ -80,3 +80,20 @@ def test_write_read_and_truncated_file(tmp_path):
         fi.read_index(str(tmp_path / "cut.faiss"))
     with pytest.raises(UserError, match="missing"):
         fi.read_index(str(tmp_path / "none.faiss"))
+
+
+def test_unfilled_results_are_refused_not_read_as_the_last_passage():
+    """An IVF search whose probed lists hold fewer than k vectors: FAISS fills the rest with row
+    -1, which numpy would read as the last passage. One probed list of 64 holds ~16 of 1000
+    vectors, so k=100 cannot be filled; probing every list can."""
+    x, q = _data(n=1000, d=16, nq=4)
+    idx = fi.build_index(x, "IVF64,Flat", progress=False)
+    fi.set_search_params(idx, nprobe=1)
+    raw_scores, raw_rows = idx.search(np.ascontiguousarray(q), 100)
+    assert (raw_rows < 0).any()  # what FAISS itself returns
+    with pytest.raises(UserError, match=r"found only \d+ of the k=100 passages .* nprobe=1.*raise --nprobe"):
+        fi.search(idx, q, 100)
+    fi.set_search_params(idx, nprobe=64)
+    scores, rows = fi.search(idx, q, 100)
+    bs, br = _brute(x, q, 100)
+    np.testing.assert_allclose(scores, bs, rtol=1e-5, atol=1e-5)
