@@ -167,6 +167,27 @@ def missing_accelerator_message(exc: BaseException) -> Optional[str]:
     return None
 
 
+#: --replace-unk with rag_plugin: (what, what to do); fairseq-generate fails on it before the task sees it
+REPLACE_UNK = ("--replace-unk copies source words through an alignment, which RAG does not produce",
+               "leave --replace-unk out")
+
+
+def unsupported_option_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if fairseq-generate failed on an option that rag_plugin does not support
+    before the plugin could refuse it: ``--replace-unk`` stops at fairseq's assertion that the
+    dataset is raw text, or (``--dataset-impl raw``) in ``load_align_dict`` opening a file named
+    after the option's value (``@@ `` when given without one)."""
+    for e in _chain(exc):
+        if isinstance(e, AssertionError) and "--replace-unk requires" in str(e):
+            return f"{REPLACE_UNK[0]} ({REPLACE_UNK[1]})"
+        tb = e.__traceback__
+        while isinstance(e, OSError) and tb is not None:
+            if tb.tb_frame.f_code.co_name == "load_align_dict":
+                return f"{REPLACE_UNK[0]} ({REPLACE_UNK[1]})"
+            tb = tb.tb_next
+    return None
+
+
 def _write_and_exit(message: str, status: int) -> None:
     # torch.distributed wraps sys.excepthook and points sys.stderr at a buffer while the hook
     # runs; the process ends here, so write to the real stderr.
@@ -181,7 +202,8 @@ def _write_and_exit(message: str, status: int) -> None:
 def install_excepthook() -> None:
     """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2; a
     collective failing because another rank died: one line, exit 1; fairseq failing for want of
-    the accelerator an option asks for (:func:`missing_accelerator_message`): one line, exit 2."""
+    the accelerator an option asks for (:func:`missing_accelerator_message`), or on an option the
+    plugin does not support (:func:`unsupported_option_message`): one line, exit 2."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -197,6 +219,9 @@ def install_excepthook() -> None:
         accelerator = missing_accelerator_message(exc) if exc is not None else None
         if accelerator is not None:
             _write_and_exit(accelerator, 2)
+        unsupported = unsupported_option_message(exc) if exc is not None else None
+        if unsupported is not None:
+            _write_and_exit(unsupported, 2)
         previous(exc_type, exc, tb)
 
     if getattr(sys.excepthook, "_rag_plugin", False):

@@ -24,7 +24,10 @@ class RAG:
 
     @classmethod
     def from_pretrained(cls, checkpoint: str, knowledge: Optional[str] = None, n_docs: Optional[int] = None,
-                        rag_decoding: Optional[str] = None, retriever: Optional[str] = None) -> "RAG":
+                        rag_decoding: Optional[str] = None, retriever: Optional[str] = None,
+                        nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> "RAG":
+        """``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index. With ``knowledge`` (a hot
+        swap) the checkpoint's own settings, made for its index, are dropped: only these apply."""
         import rag_plugin
 
         rag_plugin.register()
@@ -38,6 +41,12 @@ class RAG:
         with open_dict(cfg):
             if knowledge is not None:
                 cfg.task.knowledge = knowledge
+                cfg.task.nprobe, cfg.task.ef_search = nprobe, ef_search
+            else:
+                if nprobe is not None:
+                    cfg.task.nprobe = nprobe
+                if ef_search is not None:
+                    cfg.task.ef_search = ef_search
             if n_docs is not None:
                 cfg.task.n_docs = n_docs
             if rag_decoding is not None:

@@ -5,7 +5,9 @@
         [--encoder minilm|dpr:PATH|hf-dpr:PATH] [--index-factory Flat|HNSW32|IVF256,SQ8|...] \
         [--split-words N] [--dict dict.txt --bpe-model spm.model]
 
-Resumable: rerun the same command after an interruption and finished shards are skipped.
+Resumable: rerun the same command after an interruption and finished shards are skipped. A rerun
+whose encoder differs from the one the vectors were made with (e.g. new weights at the same
+hf-dpr:DIR) is refused, never mixed or called up to date.
 """
 import argparse
 import sys
@@ -27,7 +29,8 @@ def parse_args(argv=None):
                    help="split documents into passages of this many words (the paper uses 100)")
     add_tokenizer_arguments(p, "plugin", "default: plugin")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
-    p.add_argument("--shard-size", type=int, default=2048, help="passages per embedding shard (the unit of resume)")
+    p.add_argument("--shard-size", type=int, default=2048,
+                   help="passages per embedding shard (the unit of resume; a resumed build keeps the one it began with)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads (default: all CPUs)")
     p.add_argument("--reuse-vectors-from", default=None, metavar="KS_DIR",

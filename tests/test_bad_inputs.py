@@ -183,6 +183,50 @@ def case_table() -> List[Case]:
         lines(d / "psgs.jsonl", PSG)
         return build(d, "psgs.jsonl", "--reuse-vectors-from", w["ks"])
 
+    def b_reuse_other_max_length(d, w):
+        from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+
+        lines(d / "psgs.jsonl", PSG)
+        build_knowledge_source(str(d / "old"), BuildSettings(passages=str(d / "psgs.jsonl"), encoder=FAST_ENCODER),
+                               progress=False, log=lambda m: None)
+        return build(d, "psgs.jsonl", "--encoder", FAST_ENCODER + ",max_length=8", "--reuse-vectors-from", "old")
+
+    def b_same_file_twice(d, w):
+        lines(d / "psgs.jsonl", PSG)
+        return py("build_knowledge_source.py", "--passages", "psgs.jsonl", "psgs.jsonl", "--out", "ks_out",
+                  "--encoder", FAST_ENCODER, "--quiet")
+
+    def dpr_encoder(d, seed):  # hf-dpr:DIR, written again with other weights at the same path
+        from rag_plugin.retrieval.encoders import build_random_encoder, save_hf_dpr
+
+        save_hf_dpr(build_random_encoder(dim=8, layers=1, heads=1, intermediate=16, seed=seed, pooling="cls",
+                                         normalize=False), d / "dpr")
+        return f"hf-dpr:{d / 'dpr'}"
+
+    def b_encoder_changed(d, w):
+        from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+
+        lines(d / "psgs.jsonl", PSG)
+        build_knowledge_source(str(d / "ks_out"), BuildSettings(passages=str(d / "psgs.jsonl"),
+                                                                encoder=dpr_encoder(d, 0)),
+                               progress=False, log=lambda m: None)
+        return build(d, "psgs.jsonl", "--encoder", dpr_encoder(d, 1))
+
+    def b_resume_encoder_changed(d, w):
+        from rag_plugin.retrieval.encoders import load_encoder
+        from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+
+        lines(d / "psgs.jsonl", PSG)
+        spec = dpr_encoder(d, 0)
+        interrupted = load_encoder(spec)
+        interrupted.encode_passages = lambda *a, **k: 1 / 0  # the build stops while embedding
+        try:
+            build_knowledge_source(str(d / "ks_out"), BuildSettings(passages=str(d / "psgs.jsonl"), encoder=spec),
+                                   encoder=interrupted, progress=False, log=lambda m: None)
+        except ZeroDivisionError:
+            pass
+        return build(d, "psgs.jsonl", "--encoder", dpr_encoder(d, 1))
+
     def s_index_cut(d, w):
         ks = copy_ks(w, d)
         raw = (ks / "index.faiss").read_bytes()
@@ -386,6 +430,24 @@ def case_table() -> List[Case]:
         (d / "cut.pt").write_bytes(Path(w["checkpoint"]).read_bytes()[:100_000])
         return fairseq_generate(w, d / "cut.pt")
 
+    def g_option(*extra):
+        return lambda d, w: fairseq_generate(w, w["checkpoint"], extra=extra)
+
+    def g_posterior(score_reference):
+        def make(d, w):
+            path = w["checkpoint"]
+            if not score_reference:  # the same weights as a RAG-Sequence checkpoint
+                import torch
+
+                state = torch.load(path, weights_only=False)  # our own file
+                state["cfg"]["model"]["_name"] = "rag_seq_tiny"
+                torch.save(state, d / "rag_seq.pt")
+                path = d / "rag_seq.pt"
+            extra = ["--score-reference"] if score_reference else []
+            return fairseq_generate(w, path, extra=[*extra, "--doc-posterior-out", d / "post.jsonl"])
+
+        return make
+
     return [
         # --- build_knowledge_source.py
         Case("passages: JSONL cut short", b_trunc_jsonl, ["psgs.jsonl:3:", "invalid JSON"], ["ks_out"]),
@@ -401,6 +463,16 @@ def case_table() -> List[Case]:
              ["ks_out/manifest.json"], unchanged=["ks_out/thesis.txt"]),
         Case("build: reuse vectors of another encoder", b_reuse_other_encoder,
              ["manifest.json:", "does not match the document encoder"], ["ks_out"]),
+        Case("build: reuse vectors of another max_length", b_reuse_other_max_length,
+             ["old/manifest.json:", "max_length 256 there, 8 here"], ["ks_out"]),
+        Case("passages: the same file given twice", b_same_file_twice,
+             ["psgs.jsonl:1:", "duplicate passage id 'a'", "given twice"], ["ks_out"]),
+        Case("build: rerun after the encoder's weights changed", b_encoder_changed,
+             ["ks_out:", "another document encoder", "passage_weights_sha256"],
+             unchanged=["ks_out/manifest.json"]),
+        Case("build: resume after the encoder's weights changed", b_resume_encoder_changed,
+             ["ks_out:", "unfinished build begun with another document encoder", "--restart"], ["ks_out"],
+             unchanged=["ks_out/.build/settings.json"]),
         # --- search.py on damaged or foreign knowledge sources
         Case("knowledge: index file cut short", s_index_cut, ["ks/index.faiss:", "truncated"]),
         Case("knowledge: vectors file cut short", s_vectors_cut, ["ks/vectors.npy:", "truncated"]),
@@ -461,6 +533,22 @@ def case_table() -> List[Case]:
         Case("generate: malicious pickle in checkpoint", g_malicious, ["evil.pt:", "safe loading refuses"],
              marker=True),
         Case("generate: checkpoint cut short", g_truncated, ["cut.pt:", "unreadable or truncated"]),
+        Case("generate: --print-alignment", g_option("--print-alignment"),
+             ["--print-alignment", "leave --print-alignment out"]),
+        Case("generate: --constraints", g_option("--constraints"), ["--constraints", "leave --constraints out"]),
+        Case("generate: --max-tokens below an example", g_option("--max-tokens", "5",
+                                                                  "--skip-invalid-size-inputs-valid-test"),
+             ["--max-tokens 5", "raise --max-tokens to at least"]),
+        Case("generate: --doc-posterior-out with rag_seq", g_posterior(False),
+             ["--doc-posterior-out", "RAG-Sequence"], ["post.jsonl"]),
+        Case("generate: --doc-posterior-out with --score-reference", g_posterior(True),
+             ["--doc-posterior-out", "--score-reference"], ["post.jsonl"]),
+        Case("generate: --replace-unk", g_option("--replace-unk"), ["--replace-unk", "leave --replace-unk out"]),
+        Case("generate: --replace-unk on a raw dataset", g_option("--dataset-impl", "raw", "--replace-unk"),
+             ["--replace-unk", "leave --replace-unk out"]),
+        Case("generate: --print-step", g_option("--print-step"), ["--print-step", "leave --print-step out"]),
+        Case("generate: --post-process letter", g_option("--post-process", "letter"),
+             ["--post-process letter", "leave --post-process out"]),
     ]
 
 

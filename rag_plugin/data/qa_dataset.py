@@ -25,10 +25,23 @@ class RetrievalQADataset(FairseqDataset):
         self.fixed_rows, self.fixed_scores = fixed_rows, fixed_scores
         self.record_ids = record_ids
         self.gold_rows = gold_rows  # int64 [N, G], -1 padded: gold passages' store rows (for p(gold|x) stats)
-        self.max_target: Optional[int] = None  # the decoder's positions; longer targets are cut (</s> kept)
-        tgt = np.array([len(t) for t in self.targets]) if self.targets is not None else np.zeros(len(self.src_tokens), dtype=np.int64)
-        self.sizes = np.array([len(q) for q in self.src_tokens], dtype=np.int64) + tgt
+        self._full_tgt_sizes = (np.array([len(t) for t in self.targets], dtype=np.int64) if self.targets is not None
+                                else np.zeros(len(self.src_tokens), dtype=np.int64))
+        self._src_sizes = np.array([len(q) for q in self.src_tokens], dtype=np.int64)
+        self.max_target = None
+
+    @property
+    def max_target(self) -> Optional[int]:
+        """The decoder's positions; longer targets are cut to it (</s> kept), and sizes (batching,
+        --max-tokens) count the cut target."""
+        return self._max_target
+
+    @max_target.setter
+    def max_target(self, value: Optional[int]) -> None:
+        self._max_target = value
+        tgt = self._full_tgt_sizes if value is None else np.minimum(self._full_tgt_sizes, value)
         self.tgt_sizes = tgt
+        self.sizes = self._src_sizes + tgt
 
     def __len__(self) -> int:
         return len(self.src_tokens)
@@ -54,6 +67,27 @@ class RetrievalQADataset(FairseqDataset):
         """Never drop an example: the model truncates long questions/passages itself and the
         collater cuts targets to ``max_target`` tokens (see :attr:`max_target`)."""
         return indices, []
+
+    def batch_by_size(self, indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1):
+        """fairseq's batching, after checking that every example fits in ``--max-tokens`` (fairseq
+        would stop with an assertion, even with --skip-invalid-size-inputs-valid-test, which only
+        filters by the model's positions). Examples are never dropped (see
+        :meth:`filter_indices_by_size`): one that does not fit is a one-line error."""
+        if max_tokens is not None and len(indices) > 0:
+            sizes = self.sizes[np.asarray(indices, dtype=np.int64)]
+            longest = int(np.argmax(sizes))
+            if int(sizes[longest]) > max_tokens:
+                from rag_plugin.errors import UserError
+
+                index = int(indices[longest])
+                name = f"example {index}" + (f" (id {self.record_ids[index]!r})" if self.record_ids else "")
+                over = int((sizes > max_tokens).sum())
+                raise UserError(f"{over} example(s) do not fit in --max-tokens {max_tokens}; the longest, {name}, "
+                                f"has {int(sizes[longest])} tokens (question + target), and rag_plugin never skips "
+                                f"an example (--skip-invalid-size-inputs-valid-test included)",
+                                fix=f"raise --max-tokens to at least {int(sizes[longest])}, or use --batch-size")
+        return super().batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
+                                     required_batch_size_multiple=required_batch_size_multiple)
 
     def ordered_indices(self) -> np.ndarray:
         return np.lexsort((np.arange(len(self)), self.sizes))

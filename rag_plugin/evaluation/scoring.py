@@ -138,7 +138,8 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
 
     docs = guesses  # retrieved passages as the documents gold provenance names (R-precision, recall, precision)
     if any(n.startswith(RETRIEVAL_METRICS) for n in names):
-        docs = [replace(p, retrieved=document_ids(p.retrieved, g.evidence_sets)) for g, p in zip(gold, guesses)]
+        split = split_from_documents([p.retrieved for p in guesses], [g.evidence_sets for g in gold])
+        docs = [replace(p, retrieved=document_ids(p.retrieved, g.evidence_sets, split)) for g, p in zip(gold, guesses)]
     preds = [p.answer for p in guesses]
     refs = [g.answers for g in gold]
     out: Dict[str, float] = {}
@@ -179,19 +180,38 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
     return out
 
 
-def document_ids(retrieved: Sequence[str], evidence_sets: Sequence[Sequence[str]]) -> List[str]:
+def _split_base(pid: str) -> Optional[str]:
+    """``<id>`` of a passage id ``<id>_<n>`` (scripts/build_knowledge_source.py --split-words), else None."""
+    base, _, n = pid.rpartition("_")
+    return base if base and n.isdigit() else None
+
+
+def split_from_documents(retrieved: Sequence[Sequence[str]], evidence: Sequence[Sequence[Sequence[str]]]) -> bool:
+    """Whether, over the whole evaluation, the retrieved ids are passages split from the documents that
+    gold provenance names: some retrieved id is ``<gold id>_<n>`` and none is a gold id itself."""
+    gold_ids = {i for sets in evidence for ev in sets for i in ev}
+    ids = {pid for row in retrieved for pid in row}
+    return not (ids & gold_ids) and any(_split_base(pid) in gold_ids for pid in ids)
+
+
+def document_ids(retrieved: Sequence[str], evidence_sets: Sequence[Sequence[str]],
+                 split_documents: bool = False) -> List[str]:
     """Passage ids -> the document ids gold provenance uses, deduplicated in rank order.
 
     A passage split from a document (``<id>_<n>``, scripts/build_knowledge_source.py
     --split-words) stands for its document ``<id>`` when gold provenance names the document.
+    ``split_documents`` (the collection is split throughout: :func:`split_from_documents`): every
+    ``<id>_<n>`` stands for ``<id>``, gold or not, so that two passages of one wrong document take
+    one rank, as pages do in KILT's page-level ranking. Otherwise only the gold documents' passages
+    are merged (an id like ``Apollo_11`` may be a document of its own).
     """
     gold_ids = {i for ev in evidence_sets for i in ev}
     out: List[str] = []
     for pid in retrieved:
         doc = pid
         if pid not in gold_ids:
-            base, _, n = pid.rpartition("_")
-            if n.isdigit() and base in gold_ids:
+            base = _split_base(pid)
+            if base is not None and (split_documents or base in gold_ids):
                 doc = base
         if doc not in out:
             out.append(doc)

@@ -18,7 +18,7 @@ BART generator:
   under each of its documents with the candidates of one pair adjacent, reusing the encoder
   output (:func:`score_candidates`).
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.nn as nn
@@ -250,7 +250,8 @@ class PerDocumentSearchModel(nn.Module):
 
 def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List[torch.Tensor],
                      known: Optional[Dict[Tuple[int, int], torch.Tensor]] = None,
-                     max_cells: int = 16_000_000, max_padding: float = 1.25) -> torch.Tensor:
+                     max_cells: int = 16_000_000, max_padding: float = 1.25,
+                     only: Optional[Set[Tuple[int, int]]] = None) -> torch.Tensor:
     """Thorough rescoring: log p(y_t | x, z, y<t) of every candidate under every document of
     its question, [C, K, T] (T = longest candidate; 0 beyond each candidate's length).
 
@@ -258,7 +259,8 @@ def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List
     Long[C] the question of each candidate, ``tokens`` the C candidates (each ending in </s>).
     ``known[(c, d)]``: per-token scores already computed for candidate c under document d
     (its beam found it); only the other (candidate, document) pairs run the decoder, as in
-    the paper's Thorough decoding. Pairs are taken in chunks; a chunk runs the decoder once over
+    the paper's Thorough decoding. ``only``: score just these (candidate, document) pairs (the
+    others stay 0; RAG-Sequence Fast when its beams' scores are not the model's). Pairs are taken in chunks; a chunk runs the decoder once over
     rows grouped by pair, every pair's list padded to the chunk's longest (at most
     ``max_padding`` x the real rows, at most ``max_cells`` logits), so the cross-attention keys
     and values of a pair are computed once and shared by its candidates.
@@ -277,7 +279,7 @@ def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List
     wanted = {}                                           # pair row -> candidates to score under it
     for q, cands in by_question.items():
         for d in range(k):
-            todo = [ci for ci in cands if (ci, d) not in known]
+            todo = [ci for ci in cands if (ci, d) not in known and (only is None or (ci, d) in only)]
             if todo:
                 wanted[q * k + d] = todo
     if not wanted:
@@ -361,6 +363,34 @@ def ordinary_tensors(hypos):
             for hyps in hypos]
 
 
+class SentenceIds:
+    """The sample ids behind the rows of a search, for ``prefix_allowed_tokens_fn``.
+
+    fairseq's prefix-constrained search calls ``fn(batch_id, tokens)`` with the row's entry of the
+    sample's ``"id"`` (fairseq-generate: the dataset id). The RAG searches run without ``"id"``
+    (their rows are (question, document) pairs, or diverse beam search would index its per-batch
+    buffers with dataset ids), so fairseq passes the row number; :meth:`wrap` turns it back into
+    the question's sample id (its position in the batch when the sample has no ``"id"``).
+    """
+
+    def __init__(self):
+        self.ids: List[int] = []
+
+    def set(self, sample, rows_per_sample: int = 1) -> None:
+        ids = sample.get("id")
+        ids = ids.tolist() if torch.is_tensor(ids) else list(range(sample["net_input"]["src_tokens"].size(0)))
+        self.ids = [i for i in ids for _ in range(rows_per_sample)]
+
+    def wrap(self, fn):
+        if fn is None:
+            return None
+
+        def allowed(batch_id, tokens):
+            return fn(self.ids[int(batch_id)], tokens)
+
+        return allowed
+
+
 class RagGeneratorBase:
     """What fairseq-generate calls: ``generate`` runs ``_generate`` in inference mode and hands
     back ordinary tensors; ``last_retrieval`` keeps the batch's documents for provenance."""
@@ -369,6 +399,7 @@ class RagGeneratorBase:
         self.rag = rag
         self.symbols_to_strip_from_output = {rag.bos, rag.eos}
         self.last_retrieval = {}
+        self._sentence_ids = SentenceIds()
 
     def cuda(self):
         search = getattr(self, "search", None)

@@ -1,6 +1,6 @@
 """Provenance of generated answers: the retrieved documents, printed beside fairseq's lines.
 
-Line format (tab-separated), one per retrieved document, best first::
+Line format (tab-separated), one per retrieved document, best first (none with ``--quiet``)::
 
     Z-<sample id>\t<rank>\t<p(z|x)>\t<passage id>\t<title>
 
@@ -33,6 +33,37 @@ def output_stream(depth: int = 2) -> IO:
             return stream
         frame = frame.f_back
     return sys.stdout
+
+
+def cli_option(name: str, depth: int = 2, generate_only: bool = False):
+    """An option of the running fairseq-generate or fairseq-interactive (``cfg.common_eval.<name>``,
+    e.g. ``quiet``, ``post_process``), read from the frame of its main function, which keeps the
+    whole config in a local ``cfg`` (fairseq hands the task only the task, generation and BPE
+    configs); ``generate_only``: fairseq-generate's frame only, the one :func:`output_stream`
+    finds. None outside those commands."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        local = frame.f_locals
+        common_eval = getattr(local.get("cfg"), "common_eval", None)
+        if common_eval is not None and (not generate_only or local.get("output_file") is not None):
+            return getattr(common_eval, name, None)
+        frame = frame.f_back
+    return None
+
+
+def interactive_ids(batch_size: int, depth: int = 2) -> Optional[List[int]]:
+    """The ids fairseq-interactive prints for the batch being decoded (``S-<id>``, ``H-<id>``):
+    ``start_id + batch.ids``, read from its main function's frame (it hands the task a sample
+    without ids). None outside fairseq-interactive."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        local = frame.f_locals
+        batch, start = local.get("batch"), local.get("start_id")
+        ids = getattr(batch, "ids", None)
+        if isinstance(start, int) and torch.is_tensor(ids) and ids.numel() == batch_size:
+            return [start + int(i) for i in ids.tolist()]
+        frame = frame.f_back
+    return None
 
 
 def z_lines(sample_ids: List[int], rows: Optional[torch.Tensor], doc_lp: Optional[torch.Tensor], store) -> List[str]:

@@ -10,6 +10,15 @@ y is scored by the marginal ``log sum_z p(z|x) p(y|x,z)``:
   its candidates (no re-encoding, no re-retrieval, no per-question loop);
 * Fast: ``p(y|x,z)`` from the beams where y was found, 0 where it was not.
 
+A beam's scores are reused as ``log p(y|x,z)`` only when they are the model's log-probabilities:
+the search is fairseq's plain beam search (or its prefix-constrained one, which only masks
+tokens out), with no language-model fusion (``--lm-path``), no diversity penalty
+(``--diversity-rate``, ``--diverse-beam-groups``), no forced end of sentence
+(``--match-source-len``), no temperature, unknown-word penalty or sampling. Otherwise the search
+only proposes the candidates: Thorough teacher-forces every (candidate, document) pair, and Fast
+teacher-forces the pairs whose beam found the candidate (still 0 elsewhere), so that both rank
+the candidates by the model's own marginal.
+
 Scores are normalised by ``len(y) ** lenpen`` like fairseq's (``--unnormalized`` to not).
 """
 from typing import Dict, List, Tuple
@@ -26,14 +35,17 @@ DECODINGS = ("thorough", "fast")
 class RagSequenceGenerator(RagGeneratorBase):
     variant = "sequence"
 
-    def __init__(self, task, rag, args, decoding: str = "thorough", extra_gen_cls_kwargs=None):
+    def __init__(self, task, rag, args, decoding: str = "thorough", extra_gen_cls_kwargs=None,
+                 prefix_allowed_tokens_fn=None):
         if decoding not in DECODINGS:
             raise ValueError(f"unknown RAG-Sequence decoding {decoding!r}")
         super().__init__(rag)
         self.decoding = decoding
         self.search_model = PerDocumentSearchModel(rag)
+        # the search's rows are (question, document) pairs: the function sees the question's sample id
         self.search = FairseqTask.build_generator(task, [self.search_model], args,
-                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs)
+                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                                                  prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
         self.lenpen = float(getattr(args, "lenpen", 1.0))
         self.normalize = not getattr(args, "unnormalized", False)
         self.nbest = int(getattr(args, "nbest", 1))
@@ -53,6 +65,7 @@ class RagSequenceGenerator(RagGeneratorBase):
         pair_sample = {"net_input": {"src_tokens": ni["src_tokens"].repeat_interleave(k, dim=0)}}
         if prefix_tokens is not None:
             prefix_tokens = prefix_tokens.repeat_interleave(k, dim=0)
+        self._sentence_ids.set(sample, rows_per_sample=k)
         beams = self.search.generate([self.search_model], pair_sample, prefix_tokens=prefix_tokens)
         self.search_model.encoder.cached = None
         owner, cand_tokens, found = self._union(beams, b, k)
@@ -82,6 +95,9 @@ class RagSequenceGenerator(RagGeneratorBase):
         c = len(tokens)
         t = max(len(x) for x in tokens)
         if self.decoding == "fast":
+            if not self._beam_scores_are_model_scores():  # the search's scores are not log p(y|x,z)
+                forced = score_candidates(self.rag, encoder_out, k, owner, tokens, only=set(found))
+                found = {(ci, d): forced[ci, d, : len(tokens[ci])] for (ci, d) in found}
             token_lp = torch.full((c, k, t), float("-inf"))
             for (ci, d), scores in found.items():
                 token_lp[ci, d] = 0.0
@@ -91,13 +107,21 @@ class RagSequenceGenerator(RagGeneratorBase):
         return score_candidates(self.rag, encoder_out, k, owner, tokens, known=known)
 
     def _beam_scores_are_model_scores(self) -> bool:
-        """A hypothesis' beam scores equal its teacher-forced log-probabilities unless the search
-        changed the distribution (temperature, unknown-word penalty, sampling)."""
-        from fairseq.search import Sampling
+        """Whether a hypothesis' beam scores equal its teacher-forced log p(y_t|x,z,y<t).
+
+        They do under fairseq's plain beam search, and under its prefix-constrained search
+        (``prefix_allowed_tokens_fn``), which only adds 0 or -inf to the model's log-probabilities.
+        They do not when the search changes the scores of the tokens it picks: temperature,
+        unknown-word penalty, sampling, language-model fusion (``lm_model``), diverse beam search
+        (``--diverse-beam-groups``), diverse siblings (``--diversity-rate``), ``--match-source-len``
+        (sets the forced end of sentence's log-probability to 0), lexical constraints, or any other
+        strategy: for those, False."""
+        from fairseq.search import BeamSearch, PrefixConstrainedBeamSearch
 
         s = self.search
-        return (float(getattr(s, "temperature", 1.0)) == 1.0 and float(getattr(s, "unk_penalty", 0.0)) == 0.0
-                and not isinstance(getattr(s, "search", None), Sampling))
+        return (type(getattr(s, "search", None)) in (BeamSearch, PrefixConstrainedBeamSearch)
+                and getattr(s, "lm_model", None) is None and not getattr(s, "match_source_len", False)
+                and float(getattr(s, "temperature", 1.0)) == 1.0 and float(getattr(s, "unk_penalty", 0.0)) == 0.0)
 
     def _rank(self, owner, tokens, positional, b: int):
         results: List[List[dict]] = [[] for _ in range(b)]

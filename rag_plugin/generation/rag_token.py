@@ -14,14 +14,20 @@ class RagTokenGenerator(RagGeneratorBase):
 
     variant = "token"
 
-    def __init__(self, task, rag, args, extra_gen_cls_kwargs=None):
+    def __init__(self, task, rag, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
         super().__init__(rag)
         self.search_model = RagTokenSearchModel(rag)
         self.search = FairseqTask.build_generator(task, [self.search_model], args,
-                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs)
+                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                                                  prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
         self.search_model.temperature = float(getattr(self.search, "temperature", 1.0))
 
     def _generate(self, models, sample, **kwargs):
-        hypos = self.search.generate([self.search_model], sample, **kwargs)
+        # fairseq's search takes a sample's "id" for the sentence's row in per-batch buffers (diverse
+        # beam search indexes its group overlaps [batch, groups, groups] with it): dataset ids are
+        # not rows. Without "id" the rows are 0..B-1; prefix_allowed_tokens_fn still sees the ids.
+        self._sentence_ids.set(sample)
+        search_sample = {key: value for key, value in sample.items() if key != "id"}
+        hypos = self.search.generate([self.search_model], search_sample, **kwargs)
         self.last_retrieval = self.search_model.encoder.last
         return hypos

@@ -282,8 +282,25 @@ class RagModel(BaseFairseqModel):
         trained = json.loads(state.get("knowledge") or "{}")
         if self.retriever is not None and trained.get("encoder"):
             self.retriever.knowledge.check_encoder(trained["encoder"], what="the checkpoint's document encoder")
+        self._check_generator_tokenizer(trained.get("tokenizer"))
         if trained:
             self.knowledge_identity = trained
+
+    def _check_generator_tokenizer(self, trained: Optional[dict]) -> None:
+        """A swapped knowledge source must pre-tokenize with the generator's own dictionary and subword
+        model: one of the same size but other symbols loads without a shape error and reads every
+        question, passage and answer in ids the generator never learned. (Checkpoints written before
+        the tokenizer was recorded are not checked.)"""
+        now = (self.knowledge_identity or {}).get("tokenizer")
+        if not trained or not now:
+            return
+        differ = sorted(k for k in set(trained) & set(now) if k.endswith("sha256") and trained[k] != now[k])
+        if differ:
+            source = (self.knowledge_identity or {}).get("knowledge", "this knowledge source")
+            raise UserError(f"the knowledge source {source} pre-tokenizes with another generator vocabulary than "
+                            f"the checkpoint was trained with ({', '.join(differ)} differ)",
+                            fix="build (or rebuild) the swapped knowledge source with the training run's --dict and "
+                                "--bpe-model")
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """A checkpoint trained with dense retrieval also serves closed book (``--n-docs 0``) and BM25

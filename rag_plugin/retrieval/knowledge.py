@@ -11,7 +11,10 @@ Directory layout (``KS_DIR``)::
     .build/          only while building: settings and finished embedding shards (resume)
 
 The builder is resumable: embedding shards land atomically in ``.build/shards`` and a rerun
-skips the finished ones. A half-built directory has no manifest and cannot be loaded.
+skips the finished ones (in the shard size they were made in). A half-built directory has no
+manifest and cannot be loaded. What decides resume / up to date is the settings' fingerprint plus
+the passage side of the encoder's identity (:func:`passage_side`: weights and vocabulary hashes,
+max_length, pooling, ...): other weights behind the same ``--encoder`` are refused, never mixed.
 
 Hooks of :func:`build_knowledge_source` for sources that are not (only) text files to embed:
 ``collection`` (passages from another reader, e.g. a Hugging Face dataset), ``precomputed``
@@ -84,6 +87,46 @@ class BuildSettings:
 
 def passage_files(settings: BuildSettings) -> List[str]:
     return [settings.passages] if isinstance(settings.passages, str) else list(settings.passages)
+
+
+#: Fields of an encoder's ``identity()`` that do not bear on its document vectors: names and paths
+#: (the same weights may live elsewhere) and the query tower (which an index does not depend on).
+NOT_PASSAGE_SIDE = frozenset({"kind", "name", "spec", "source", "shared_towers", "weights_sha256",
+                              "query_weights_sha256"})
+
+#: Keys a build adds to :meth:`BuildSettings.fingerprint` in ``.build/settings.json`` (and, but for
+#: the shard size, in the manifest's ``build_settings``); absent from builds by older versions.
+ENCODER_IDENTITY = "encoder_identity"
+SHARD_SIZE = "shard_size"
+
+
+def passage_side(identity: dict) -> dict:
+    """The fields of an encoder identity that decide its document vectors (weights and vocabulary
+    hashes, dim, pooling, normalize, max_length, passage_format, lowercase, ...)."""
+    return {k: v for k, v in (identity or {}).items() if k not in NOT_PASSAGE_SIDE}
+
+
+def _differences(old: dict, new: dict) -> List[str]:
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def _describe_differences(old: dict, new: dict, there: str = "there", here: str = "here", most: int = 3) -> str:
+    """``"max_length 256 there, 8 here; ..."`` for the keys that differ (long hashes shortened)."""
+    def show(d, k):
+        if k not in d:
+            return "not recorded"
+        v = d[k]
+        return f"{v[:12]}..." if isinstance(v, str) and len(v) > 16 else json.dumps(v)
+
+    keys = _differences(old, new)
+    parts = [f"{k} {show(old, k)} {there}, {show(new, k)} {here}" for k in keys[:most]]
+    if len(keys) > most:
+        parts.append(f"{len(keys) - most} more")
+    return "; ".join(parts)
+
+
+def _settings_part(recorded: dict) -> dict:
+    return {k: v for k, v in recorded.items() if k not in (ENCODER_IDENTITY, SHARD_SIZE)}
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -255,36 +298,103 @@ def _discard_unstarted_build_on_error(build):
     return wrapper
 
 
-def _check_out_dir(out: Path, fingerprint: dict, restart: bool) -> str:
-    """Decide what to do with ``out``: 'new', 'resume' or 'done'; refuse foreign content."""
+def _check_out_dir(out: Path, fingerprint: dict, restart: bool):
+    """Decide what to do with ``out``: ('new', None), ('resume', the unfinished build's recorded
+    settings) or ('done', the manifest); refuse foreign content and other settings. The encoder
+    identity and shard size recorded with the settings are checked by the caller."""
     if not out.exists():
-        return "new"
+        return "new", None
     if not out.is_dir():
         raise UserError("output path exists and is not a directory", path=str(out),
                         fix="choose another --out")
     entries = {p.name for p in out.iterdir()}
     if not entries:
-        return "new"
+        return "new", None
     state = out / BUILD_DIR / "settings.json"
     if MANIFEST in entries:
         manifest = _read_json_or_none(out / MANIFEST)
         if manifest is None:
             raise UserError("output directory holds a knowledge source whose manifest is corrupted",
                             path=str(out / MANIFEST), fix="choose another --out or delete it first")
-        if manifest.get("build_settings") == fingerprint:
-            return "done"
+        recorded = manifest.get("build_settings")
+        if isinstance(recorded, dict) and _settings_part(recorded) == fingerprint:
+            return "done", manifest
+        differs = _describe_differences(_settings_part(recorded), fingerprint) if isinstance(recorded, dict) else ""
         raise UserError("output directory already holds a knowledge source built with other "
-                        "settings", path=str(out), fix="choose another --out or delete it first")
+                        f"settings{f' ({differs})' if differs else ''}", path=str(out),
+                        fix="choose another --out or delete it first")
     if state.is_file():
         if restart:
             shutil.rmtree(out)
-            return "new"
-        if _read_json_or_none(state) == fingerprint:
-            return "resume"
-        raise UserError("output directory holds an unfinished build with other settings",
+            return "new", None
+        recorded = _read_json_or_none(state)
+        if recorded is not None and _settings_part(recorded) == fingerprint:
+            return "resume", recorded
+        differs = _describe_differences(_settings_part(recorded), fingerprint) if recorded else ""
+        raise UserError(f"output directory holds an unfinished build with other settings"
+                        f"{f' ({differs})' if differs else ''}",
                         path=str(out), fix="rerun with the same settings, or add --restart to discard it")
     raise UserError("output directory is not empty and is not a knowledge source", path=str(out),
                     fix="choose a new or empty --out directory")
+
+
+def _check_same_encoder(out: Path, mode: str, recorded: dict, identity: dict) -> None:
+    """Refuse to call ``out`` up to date, or to resume it, when its vectors were (or began to be)
+    made by an encoder whose passage side differs from ``identity`` (``passage_side``): new weights
+    at the same path, another max_length, ... A finished source built by an older version is
+    checked against the identity in its manifest; an unfinished one that recorded none, and has
+    finished shards, cannot be checked and is refused."""
+    if mode == "done":
+        built = recorded.get("build_settings", {}).get(ENCODER_IDENTITY)
+        built = passage_side(recorded.get("encoder") or {}) if built is None else built
+        if _differences(built, identity):
+            raise UserError("output directory holds a knowledge source embedded with another document encoder "
+                            f"({_describe_differences(built, identity, 'there', 'now')})", path=str(out),
+                            fix="choose another --out, or delete it first to rebuild it with this encoder")
+        return
+    started = recorded.get(ENCODER_IDENTITY)
+    has_shards = any((out / BUILD_DIR / "shards").glob("*.npy"))
+    if started is None and has_shards:
+        raise UserError("output directory holds an unfinished build from an older version, which did not record "
+                        "its document encoder: its finished vectors cannot be checked against this one",
+                        path=str(out), fix="add --restart to discard it and start over")
+    if started is not None and _differences(started, identity):
+        raise UserError("output directory holds an unfinished build begun with another document encoder "
+                        f"({_describe_differences(started, identity, 'then', 'now')}); resuming would mix "
+                        "vectors of the two", path=str(out),
+                        fix="rerun with the encoder it was begun with, or add --restart to discard it")
+
+
+def _resume_shard_size(shards: Path, recorded: Optional[dict], requested: int, log) -> int:
+    """The shard size a build continues with: the one its finished shards were made in (recorded
+    with the settings; read off the first shard for builds by older versions), else ``requested``.
+    The shard size is only the unit of resume, the vectors do not depend on it."""
+    if not any(shards.glob("*.npy")):
+        return requested  # nothing embedded yet: any shard size will do
+    size = (recorded or {}).get(SHARD_SIZE)
+    if size is None and (shards / f"{0:012d}.npy").is_file():
+        size = int(np.load(shards / f"{0:012d}.npy", mmap_mode="r").shape[0])
+    if size is None or int(size) == requested:
+        return requested
+    log(f"resuming with the unfinished build's shard size {size} (not {requested}): its finished "
+        "shards are in that unit")
+    return int(size)
+
+
+def _check_shards(shards: Path, starts: List[int], shard_size: int, n: int, dim: Optional[int]) -> None:
+    """Every finished shard must be one of this build's, of its size: else resuming would mix them."""
+    expected = set(starts)
+    for path in sorted(shards.glob("*.npy")):
+        try:
+            s = int(path.stem)
+            shape = np.load(path, mmap_mode="r").shape
+        except (ValueError, OSError, EOFError):
+            s, shape = None, None
+        if (s not in expected or len(shape) != 2 or shape[0] != min(shard_size, n - s)
+                or (dim is not None and shape[1] != dim)):
+            raise UserError(f"unfinished build holds a shard that does not fit it ({path.name}, for {n} "
+                            f"passages in shards of {shard_size})", path=str(path),
+                            fix="add --restart to discard the unfinished build and start over")
 
 
 def _passage_key(pid: str, title: str, text: str) -> bytes:
@@ -298,6 +408,15 @@ class _VectorReuse:
     def __init__(self, directory: str, identity: dict):
         self.ks = KnowledgeSource(directory)
         self.ks.check_encoder(identity, what="the encoder of this build")
+        # every passage-side setting, not only dim, pooling and weights: the same weights with
+        # another max_length (or passage format, vocabulary, ...) make other vectors
+        theirs, mine = passage_side(self.ks.encoder_identity), passage_side(identity)
+        if _differences(theirs, mine):
+            raise UserError("the encoder of this build does not match the document encoder of this knowledge "
+                            f"source ({_describe_differences(theirs, mine, 'there', 'here')})",
+                            path=str(self.ks.directory / MANIFEST),
+                            fix="reuse vectors only from a knowledge source embedded with the same encoder "
+                                "settings, or leave --reuse-vectors-from out")
         store = self.ks.passages
         self.row_of = {_passage_key(store.id(r), store.title(r), store.text(r)): r for r in range(len(store))}
         self.reused = 0
@@ -343,7 +462,10 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
             raise UserError("passages file not found", path=path,
                             fix="pass --passages with .tsv (DPR layout) or .jsonl files")
     fingerprint = settings.fingerprint()
-    mode = _check_out_dir(out, fingerprint, restart)
+    mode, recorded = _check_out_dir(out, fingerprint, restart)
+    if mode != "new" and precomputed is None:  # the vectors there must be this encoder's
+        encoder = encoder if encoder is not None else load_encoder(settings.encoder)
+        _check_same_encoder(out, mode, recorded, passage_side(encoder.identity()))
     if mode == "done":
         log(f"{out}: knowledge source is up to date")
         return KnowledgeSource(str(out))
@@ -360,10 +482,13 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                         "generator's tokenizer", fix="pass --dict and the subword model files as well")
     if precomputed is None:
         encoder = encoder if encoder is not None else load_encoder(settings.encoder)
+        fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(encoder.identity())}
     state = out / BUILD_DIR
     shards = state / "shards"
     shards.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(state / "settings.json", fingerprint)
+    if mode == "resume":
+        shard_size = _resume_shard_size(shards, recorded, shard_size, log)
+    atomic_write_json(state / "settings.json", {**fingerprint, SHARD_SIZE: shard_size})
 
     # 1. passages (re-read only if the store is not complete)
     store_dir = out / "passages"
@@ -383,6 +508,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     # 2. embedding shards, each written atomically; finished ones are skipped
     n = len(store)
     starts = list(range(0, n, shard_size))
+    _check_shards(shards, starts, shard_size, n, None if precomputed is not None else int(encoder.dim))
     todo = [s for s in starts if not (shards / f"{s:012d}.npy").is_file()]
     if precomputed is not None:  # vectors made elsewhere: placed into the shards by passage id
         if todo:

@@ -50,28 +50,56 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
                         line=lineno, fix="re-encode the file as UTF-8") from None
 
 
+#: DPR reads psgs_w100.tsv with ``csv.reader(f, delimiter="\\t")``: Python's default dialect otherwise
+#: (a field that starts with ``"`` is quoted, ``""`` inside it is one ``"``, and it may hold tabs and
+#: newlines; a quote inside an unquoted field is literal). Every column is read by those rules.
+TSV_DIALECT = dict(delimiter="\t", quotechar='"', doublequote=True, skipinitialspace=False, strict=False)
+
+
 def _read_tsv(path: Path) -> Iterator[Tuple[int, Passage]]:
+    import csv
+
     with _open_text(path) as fh:
-        header = fh.readline()
-        if not header:
-            return
-        cols = _decode(header, path, 1).rstrip("\r\n").split("\t")
-        if cols != ["id", "text", "title"]:
-            raise UserError(f"header is {cols!r}, expected ['id', 'text', 'title']",
-                            path=str(path), line=1,
-                            fix="use DPR's psgs_w100.tsv layout: id<TAB>text<TAB>title, with that header")
-        for lineno, raw in enumerate(fh, 2):
-            line = _decode(raw, path, lineno).rstrip("\r\n")
-            if not line:
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3:
-                raise UserError(f"expected 3 tab-separated columns (id, text, title), found {len(parts)}",
-                                path=str(path), line=lineno, fix="fix or remove that row")
-            pid, text, title = parts
-            if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
-                text = text[1:-1].replace('""', '"')  # DPR's csv-style quoting
-            yield lineno, Passage(pid.strip(), title, text)
+        where = {"line": 0}
+
+        def decoded_lines():
+            for raw in fh:
+                where["line"] += 1
+                yield _decode(raw, path, where["line"])
+
+        reader = csv.reader(decoded_lines(), **TSV_DIALECT)
+        limit = csv.field_size_limit()
+        csv.field_size_limit(max(limit, 2**31 - 1))  # a whole document in one field is fine
+        try:
+            first = 0
+            while True:
+                first = where["line"] + 1  # the line this record starts on
+                try:
+                    parts = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as err:
+                    raise UserError(f"not a valid tab-separated row ({err})", path=str(path), line=first,
+                                    fix="fix or remove that row") from None
+                if first == 1:
+                    if parts != ["id", "text", "title"]:
+                        raise UserError(f"header is {parts!r}, expected ['id', 'text', 'title']",
+                                        path=str(path), line=1,
+                                        fix="use DPR's psgs_w100.tsv layout: id<TAB>text<TAB>title, with that header")
+                    continue
+                if not parts:
+                    continue  # a blank line
+                if len(parts) != 3:
+                    spans = (f"; the row runs over lines {first}-{where['line']}: a field that starts with a "
+                             "quote (\") ends only at the next lone quote" if where["line"] > first else "")
+                    raise UserError(f"expected 3 tab-separated columns (id, text, title), found {len(parts)}"
+                                    + spans, path=str(path), line=first,
+                                    fix="fix or remove that row; a quote that starts a field opens CSV quoting: "
+                                        "quote the whole field and double the quotes inside it")
+                pid, text, title = parts
+                yield first, Passage(pid.strip(), title, text)
+        finally:
+            csv.field_size_limit(limit)
 
 
 def _read_jsonl(path: Path) -> Iterator[Tuple[int, Passage]]:
@@ -114,6 +142,12 @@ def read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Pass
     Raises :class:`UserError` (file and line) on malformed rows, non-UTF-8 bytes, empty or
     duplicate ids and empty collections.
     """
+    for _, passage in _read_passages(path, split_words):
+        yield passage
+
+
+def _read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Tuple[int, Passage]]:
+    """:func:`read_passages` with the line (the first line of the row) each passage comes from."""
     p = Path(path)
     name = p.name.lower()
     if name.endswith((".tsv", ".tsv.txt")):
@@ -145,21 +179,25 @@ def read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Pass
                                     path=path, line=lineno, fix="rename that passage, or do not split")
                 pieces.add(piece.id)
             count += 1
-            yield piece
+            yield lineno, piece
     if count == 0:
         raise UserError("the passages file holds no passages", path=path,
                         fix="point --passages at a non-empty collection")
 
 
 def read_collection(paths: Sequence[str], split_words: Optional[int] = None) -> Iterator[Passage]:
-    """Several passage files read in order as one collection (ids unique across all of them)."""
-    owner: Dict[str, str] = {}
-    for path in paths:
-        for passage in read_passages(path, split_words):
-            if passage.id in owner and owner[passage.id] != path:
-                raise UserError(f"passage id {passage.id!r} also appears in {owner[passage.id]}", path=path,
-                                fix="make passage ids unique across the files")
-            owner[passage.id] = path
+    """Several passage files read in order as one collection (ids unique across all of them, a
+    file given twice included)."""
+    owner: Dict[str, int] = {}  # id -> position of its file in ``paths``
+    for k, path in enumerate(paths):
+        for lineno, passage in _read_passages(path, split_words):
+            first = owner.setdefault(passage.id, k)
+            if first != k:
+                again = ("; the same file is given twice" if Path(paths[first]).resolve() == Path(path).resolve()
+                         else "")
+                raise UserError(f"duplicate passage id {passage.id!r}: it also appears in {paths[first]}{again}",
+                                path=path, line=lineno,
+                                fix="make passage ids unique across the files, and pass each file once")
             yield passage
 
 

@@ -19,10 +19,9 @@ from omegaconf import II
 
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.data.qa_dataset import RetrievalQADataset
-from rag_plugin.errors import UserError
+from rag_plugin.errors import REPLACE_UNK, UserError
 
 logger = logging.getLogger(__name__)
-MAX_TARGET_TOKENS = 256  # longer targets are cut (a warning-free, documented limit)
 
 
 @dataclass
@@ -122,8 +121,8 @@ class RetrievalAugmentedTask(FairseqTask):
         model.input_format = self.input_format
         model.n_docs = self.cfg.n_docs
         self.max_target = model.cfg.max_target_positions
-        for dataset in self.datasets.values():
-            dataset.max_target = self.max_target
+        for split, dataset in self.datasets.items():
+            self._set_max_target(dataset, split)
         if not model.cfg.doc_score_scale:
             model.doc_score_scale = 20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0
         if self.cfg.n_docs > 0:
@@ -132,7 +131,8 @@ class RetrievalAugmentedTask(FairseqTask):
                                     "knowledge": str(Path(self.cfg.knowledge).resolve()),
                                     "passage_store_sha256": self.knowledge.passages.sha256,
                                     "count": len(self.knowledge),
-                                    "input_format": self.input_format.name}
+                                    "input_format": self.input_format.name,
+                                    "tokenizer": self.knowledge.passages.tokenizer_identity or None}
 
     # ------------------------------------------------------------------ data
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
@@ -183,7 +183,7 @@ class RetrievalAugmentedTask(FairseqTask):
         fmt = self.input_format
         q_enc = None
         if self.text_encoder is not None:
-            q_enc = [ids[: self.cfg.max_query_tokens] for ids in self.text_encoder.tokenize_queries(questions)]
+            q_enc = self.text_encoder.tokenize_queries(questions, max_length=self.cfg.max_query_tokens)
         decoded = [None] * len(questions)
         if fmt.name == "hf" and q_enc is not None:  # the question as the query encoder read it
             decoded = [self.text_encoder.tokenizer.decode(ids, skip_special_tokens=True) for ids in q_enc]
@@ -191,7 +191,7 @@ class RetrievalAugmentedTask(FairseqTask):
         tgt = None
         if targets is not None:
             prefix = fmt.target_prefix(self.dictionary.bos())
-            tgt = [(prefix + t)[: MAX_TARGET_TOKENS - 1] for t in self.tokenizer.encode_batch(targets)]
+            tgt = [prefix + t for t in self.tokenizer.encode_batch(targets)]
         fixed_rows = fixed_scores = None
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
             found = self.bm25.search(questions, self.cfg.n_docs)
@@ -199,12 +199,19 @@ class RetrievalAugmentedTask(FairseqTask):
         dataset = RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
                                      fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
                                      gold_rows=gold_rows)
-        dataset.max_target = self.max_target
-        if tgt is not None and self.max_target is not None:
-            cut = sum(len(t) + 1 > self.max_target for t in tgt)
-            if cut:
-                logger.warning("%d targets are longer than the decoder's %d positions: cut", cut, self.max_target)
+        self._set_max_target(dataset, "")
         return dataset
+
+    def _set_max_target(self, dataset, split: str) -> None:
+        """The decoder's length, once a model is built: longer targets are cut to it (</s> kept), with a
+        warning that counts them (fairseq-train loads the valid set before it builds the model)."""
+        dataset.max_target = self.max_target
+        if self.max_target is None or getattr(dataset, "targets", None) is None:
+            return
+        cut = sum(len(t) > self.max_target for t in dataset.targets)  # targets end in </s>
+        if cut:
+            logger.warning("%s%d of %d targets are longer than the decoder's %d positions (--max-target-positions): "
+                           "cut to it", f"{split}: " if split else "", cut, len(dataset.targets), self.max_target)
 
     @property
     def bm25(self):
@@ -234,11 +241,24 @@ class RetrievalAugmentedTask(FairseqTask):
         if len(models) != 1:
             raise UserError("RAG decoding takes one checkpoint, not an ensemble", fix="pass a single --path")
         model = models[0]
-        if getattr(args, "score_reference", False):
+        _refuse_unsupported_generation_options(args)
+        score_reference = getattr(args, "score_reference", False)
+        if self.cfg.doc_posterior_out and (score_reference or model.variant != "token"):
+            if score_reference:
+                what, fix = "--score-reference", "leave --doc-posterior-out out when scoring references"
+            else:
+                what, fix = "a RAG-Sequence checkpoint (rag_seq)", "leave --doc-posterior-out out, or use a rag_token checkpoint"
+            raise UserError(f"--doc-posterior-out writes RAG-Token's per-token document posterior of generated "
+                            f"answers; with {what} there is none to write", fix=fix)
+        if score_reference:
+            if prefix_allowed_tokens_fn is not None:
+                raise UserError("prefix_allowed_tokens_fn constrains a search; --score-reference does not search",
+                                fix="leave prefix_allowed_tokens_fn out when scoring references")
             return RagScorer(model)
         if model.variant == "token":
-            return RagTokenGenerator(self, model, args, extra_gen_cls_kwargs)
-        return RagSequenceGenerator(self, model, args, self.cfg.rag_decoding, extra_gen_cls_kwargs)
+            return RagTokenGenerator(self, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+        return RagSequenceGenerator(self, model, args, self.cfg.rag_decoding, extra_gen_cls_kwargs,
+                                    prefix_allowed_tokens_fn)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         from rag_plugin.generation import provenance
@@ -250,7 +270,8 @@ class RetrievalAugmentedTask(FairseqTask):
         rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
         ids = sample["id"].tolist()
         store = self.knowledge.passages
-        lines = provenance.z_lines(ids, rows, doc_lp, store)
+        quiet = provenance.cli_option("quiet", generate_only=True)  # fairseq-generate --quiet: no S/T/H/D/P lines
+        lines = [] if quiet else provenance.z_lines(ids, rows, doc_lp, store)
         if lines:
             stream = provenance.output_stream()
             stream.write("\n".join(lines) + "\n")
@@ -264,15 +285,39 @@ class RetrievalAugmentedTask(FairseqTask):
         return hypos
 
     def _interactive_sample(self, sample):
+        from rag_plugin.generation.provenance import interactive_ids
+
         src = sample["net_input"]["src_tokens"]
         dataset = self.build_dataset_for_inference(src.cpu(), None)
         rebuilt = dataset.collater([dataset[i] for i in range(len(dataset))])
+        ids = interactive_ids(len(dataset), depth=3)  # the ids fairseq-interactive prints (Z- lines match S-/H-)
+        if ids is not None:
+            rebuilt["id"] = torch.tensor(ids, dtype=torch.long)
         rebuilt["net_input"]["src_tokens"] = src  # keep the tokens fairseq prints
         rebuilt["net_input"] = {k: (v.to(src.device) if torch.is_tensor(v) else v) for k, v in rebuilt["net_input"].items()}
         return rebuilt
 
     def build_bpe(self, args):
-        """Pieces <-> text with the knowledge source's tokenizer (D lines come out as text)."""
+        """Pieces <-> text with the knowledge source's tokenizer (D lines come out as text).
+
+        fairseq-generate/-interactive print H lines as pieces and pass them (and S/T lines, and the
+        BLEU input) through this codec's ``decode``. ``--post-process sentencepiece`` (alias
+        ``--remove-bpe sentencepiece``) makes fairseq turn SentencePiece pieces into words itself
+        first: then, as with fairseq's own ``--post-process``, every line is already text, and the
+        codec hands it back unchanged (decoding words as pieces would make them all unknown).
+        ``--post-process`` modes that join pieces by other marks (``letter``, ``wordpiece``,
+        ``_EOW``), or ``sentencepiece`` over GPT-2 ids, would garble the answers: refused.
+        """
+        from rag_plugin.generation.provenance import cli_option
+
+        post = cli_option("post_process")
+        kind = getattr(self.tokenizer, "kind", None)
+        if post == "sentencepiece" and kind == "sentencepiece":
+            return _PieceCodec(self.tokenizer, already_text=True)
+        if post in ("letter", "wordpiece", "_EOW") or post == "sentencepiece":
+            raise UserError(f"--post-process {post} does not apply to this knowledge source's {kind} tokens",
+                            fix="leave --post-process out: D lines are text already"
+                                + (", or use --post-process sentencepiece" if kind == "sentencepiece" else ""))
         return _PieceCodec(self.tokenizer)
 
     def build_tokenizer(self, args):
@@ -280,6 +325,8 @@ class RetrievalAugmentedTask(FairseqTask):
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None, **kwargs):
         """fairseq-interactive: questions arrive as generator tokens; recover the text once."""
+        if constraints is not None:
+            raise UserError(_UNSUPPORTED["constraints"][0], fix=_UNSUPPORTED["constraints"][1])
         questions = []
         for tokens in src_tokens:
             ids = [int(t) for t in tokens if int(t) not in (self.dictionary.eos(), self.dictionary.pad())]
@@ -296,16 +343,42 @@ class RetrievalAugmentedTask(FairseqTask):
         return models.build_model(cfg, self, from_checkpoint)
 
 
-class _PieceCodec:
-    """fairseq's BPE interface over the generator tokenizer."""
+#: fairseq-generate options the RAG generators do not support: option -> (what, what to do)
+_UNSUPPORTED = {
+    "print_alignment": ("--print-alignment needs the attention of a single source sentence; RAG attends over "
+                        "several (question, passage) inputs and reports no alignment",
+                        "leave --print-alignment out; the Z- lines name the passages an answer drew on"),
+    "constraints": ("--constraints (lexically constrained decoding) is not supported by the RAG generators",
+                    "leave --constraints out; from Python, build_generator's prefix_allowed_tokens_fn "
+                    "constrains the answers"),
+    "replace_unk": REPLACE_UNK,
+    "print_step": ("--print-step prints the steps of iterative refinement decoders; RAG decodes left to right",
+                   "leave --print-step out"),
+}
 
-    def __init__(self, tokenizer):
+
+def _refuse_unsupported_generation_options(args) -> None:
+    for option, (message, fix) in _UNSUPPORTED.items():
+        if getattr(args, option, None):
+            raise UserError(message, fix=fix)
+
+
+class _PieceCodec:
+    """fairseq's BPE interface over the generator tokenizer. ``already_text``: fairseq's
+    ``--post-process sentencepiece`` made the lines text before ``decode`` sees them (see
+    ``RetrievalAugmentedTask.build_bpe``): ``decode`` returns them unchanged."""
+
+    def __init__(self, tokenizer, already_text: bool = False):
         self.tokenizer = tokenizer
+        self.already_text = already_text
 
     def encode(self, x: str) -> str:
         return " ".join(self.tokenizer.pieces(x))
 
     def decode(self, x: str) -> str:
+        """Space-separated pieces -> text (text as it is when ``already_text``)."""
+        if self.already_text:
+            return x
         index = self.tokenizer.index
         ids = [index.get(p, 3) for p in x.split()]
         return self.tokenizer.decode(ids)

@@ -5,6 +5,7 @@ behind transformers' own RagRetriever (its input formatting, question decoding a
 the reference's code; only the nearest-neighbour search is ours, an exact inner product)."""
 from __future__ import annotations
 
+import csv
 import json
 import string
 import sys
@@ -196,9 +197,14 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
         forms["parquet"] = folder / "parquet"
     except ImportError:
         pass
-    # DPR's psgs_w100.tsv layout (id, text, title; "" quoting) + a .npy of vectors + their ids
-    lines = ["id\ttext\ttitle"] + [f"{i}\t{x}\t{t}" for i, (t, x) in enumerate(zip(TITLES, TEXTS))]
-    (folder / "psgs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # DPR's psgs_w100.tsv layout (id, text, title; CSV "" quoting, as DPR reads it with csv.reader) + a .npy
+    # of vectors + their ids; every text quoted, as in DPR's file
+    with open(folder / "psgs.tsv", "w", encoding="utf-8", newline="") as fh:
+        out = csv.writer(fh, delimiter="\t", lineterminator="\n")
+        out.writerow(["id", "text", "title"])
+        for i, (t, x) in enumerate(zip(TITLES, TEXTS)):
+            fh.write(f'{i}\t"{x.replace(chr(34), chr(34) * 2)}"\t')
+            out.writerow([t])
     np.save(folder / "psgs.npy", vectors)
     (folder / "psgs.ids").write_text("".join(f"{i}\n" for i in range(len(TITLES))), encoding="utf-8")
     forms["tsv"] = (folder / "psgs.tsv", folder / "psgs.npy", folder / "psgs.ids")

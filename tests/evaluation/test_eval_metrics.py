@@ -1,4 +1,5 @@
 """rag_plugin.evaluation.metrics: hand-computed cases and agreement with sacrebleu / rouge-score."""
+import json
 import math
 import random
 
@@ -210,3 +211,30 @@ def test_split_passages_count_as_their_document():
     assert document_ids(["wiki:Ozone_1", "wiki:Oxygen_0", "wiki:Ozone_0", "wiki:Ozone"], gold) == \
         ["wiki:Ozone", "wiki:Oxygen_0"]
     assert document_ids(["p_1"], [["p_1"]]) == ["p_1"]
+
+
+def test_a_split_collection_ranks_documents_like_pages():
+    """Passages of a split collection (ids <doc>_<n> throughout): two passages of a wrong document take
+    one rank, so the metrics equal those of the same retrieval written as documents."""
+    from rag_plugin.evaluation.scoring import document_ids, split_from_documents
+
+    gold = [[["G"]]]
+    split = [["X_0", "X_1", "G_0"]]
+    assert split_from_documents(split, gold)
+    assert document_ids(split[0], gold[0], split_documents=True) == ["X", "G"]
+    assert document_ids(split[0], gold[0]) == ["X_0", "X_1", "G"]  # an unsplit collection: only gold merges
+    assert not split_from_documents([["Apollo_11", "G"]], gold)  # gold itself retrieved: not a split collection
+    assert not split_from_documents([["X", "Y"]], gold)
+
+
+def test_evaluate_split_and_page_retrieval_agree(tmp_path):
+    from rag_plugin.evaluation.scoring import evaluate_files
+
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text(json.dumps({"id": "q1", "input": "q?", "output": [{"answer": "a", "provenance": [{"id": "G"}]}]}) + "\n")
+    results = {}
+    for name, ids in (("pages", ["X", "G"]), ("split", ["X_0", "X_1", "G_0"])):
+        guess = tmp_path / f"{name}.jsonl"
+        guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": [{"id": i} for i in ids]}]}) + "\n")
+        results[name] = evaluate_files(str(gold), str(guess), ["rprec", "recall@2", "precision@2"])
+    assert results["split"] == results["pages"] == {"rprec": 0.0, "recall@2": 100.0, "precision@2": 50.0}

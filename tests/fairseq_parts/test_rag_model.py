@@ -288,3 +288,46 @@ def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_
     with torch.no_grad(), pytest.raises(UserError, match="gold_doc_prob needs gold passages"):
         crit(model, no_gold)
     crit(model.train(), no_gold)  # training batches need none
+
+
+def test_checkpoint_records_the_generator_vocabulary_and_refuses_another(tiny_world):
+    """A hot swap to a knowledge source pre-tokenized with another generator vocabulary (same size,
+    other symbols: the weights would load) is a one-line error; the same vocabulary loads."""
+    import json as _json
+
+    from rag_plugin.errors import UserError
+
+    task = _task(tiny_world, n_docs=3)
+    model = _model(RagTokenModel, task)
+    state = model.get_extra_state()
+    recorded = _json.loads(state["knowledge"])["tokenizer"]
+    assert recorded["dictionary_sha256"] == task.tokenizer.dictionary_sha256()
+    _model(RagTokenModel, task).set_extra_state(state)  # the same vocabulary: accepted
+    other = _json.loads(state["knowledge"])
+    other["tokenizer"]["dictionary_sha256"] = "0" * 64
+    with pytest.raises(UserError, match="another generator vocabulary .*dictionary_sha256"):
+        _model(RagTokenModel, task).set_extra_state({**state, "knowledge": _json.dumps(other)})
+    legacy = _json.loads(state["knowledge"])
+    del legacy["tokenizer"]  # written before the vocabulary was recorded: not checked
+    _model(RagTokenModel, task).set_extra_state({**state, "knowledge": _json.dumps(legacy)})
+
+
+def test_targets_are_cut_at_the_decoders_length_only_with_a_warning(tiny_world, caplog):
+    """No fixed cap below the decoder's positions (there was a silent one at 256); a target longer
+    than the decoder is cut to it (</s> kept) with a warning, and its size for batching counts the cut."""
+    import logging
+
+    task = _task(tiny_world, n_docs=3)
+    answer = " ".join(["Kakaka Rimilo Tokaka"] * 120)
+    full = len(task.tokenizer.encode_batch([answer])[0]) + 2  # <s>-less prefix aside: tokens + </s> at least
+    assert full > 300
+    task.max_target = 1024  # as a bart.base-sized decoder sets it
+    ds = task.build_dataset(["What is the capital of Kakaka?"], [answer])
+    target = ds[0]["target"]
+    assert len(target) == len(ds.targets[0]) >= full - 1 and target[-1] == task.dictionary.eos()
+    task.max_target = 64
+    with caplog.at_level(logging.WARNING):
+        ds = task.build_dataset(["What is the capital of Kakaka?"], [answer])
+    assert "1 of 1 targets are longer than the decoder's 64 positions" in caplog.text
+    assert len(ds[0]["target"]) == 64 and ds[0]["target"][-1] == task.dictionary.eos()
+    assert ds.sizes[0] == len(ds[0]["question"]) + 64

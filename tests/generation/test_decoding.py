@@ -122,6 +122,9 @@ def test_rag_sequence_decodings_against_per_document_bart_beams(tiny_world, seed
         bart = SequenceGenerator([model.generator], task.dictionary, beam_size=beam, max_len_a=0, max_len_b=6)
         beams = bart.generate([model.generator], {"net_input": {"src_tokens": src, "src_lengths": lengths}})
         model.generator.decoder.set_beam_size(1)  # the search left its beam-grouped cross-attention on
+        # ... and BART's encoder reorder a no-op (BARTModel.set_beam_size), which the plugin's
+        # Thorough rescoring (score_candidates) relies on
+        model.generator.encoder.__dict__.pop("reorder_encoder_out", None)
 
         def forced(row, y):
             return float(_forced_log_probs(model.generator, src[row:row + 1], lengths[row:row + 1], y, eos).sum())
@@ -216,6 +219,34 @@ def test_fairseq_generate_answers_every_line_with_provenance(tiny_world, trained
         got = [x for x in z if x[0] == f"Z-{i}"]
         assert [x[3] for x in got] == [d for d, _ in docs]
         assert [float(x[2]) for x in got] == pytest.approx([pz for _, pz in docs], abs=2e-6)
+
+
+@pytest.mark.slow
+def test_fairseq_generate_post_process_and_quiet(tiny_world, trained, tmp_path):
+    """--post-process sentencepiece: fairseq makes the lines text itself; they are the same text as
+    without it (S, T = the gold question and answer, D), H lines are that text, and BLEU is computed.
+    --quiet: no S/T/H/D/P lines and no Z lines either; --provenance-out is still written."""
+    ckpt = trained["rag_token_tiny"]
+    plain = _generate_cli(tiny_world, ckpt, "--beam", "2")
+    post = _generate_cli(tiny_world, ckpt, "--beam", "2", "--post-process", "sentencepiece")
+    quiet = _generate_cli(tiny_world, ckpt, "--beam", "2", "--quiet", "--provenance-out", str(tmp_path / "prov.jsonl"))
+    for r in (plain, post, quiet):
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    def tagged(r, tag):
+        return {l.split("\t")[0]: l.split("\t", 1)[1] for l in r.stdout.splitlines() if l.startswith(tag)}
+
+    records = [json.loads(l) for l in (tiny_world["data"] / "test.jsonl").read_text().splitlines()]
+    assert sorted(tagged(post, "S-").values()) == sorted(r["input"] for r in records)
+    assert sorted(tagged(post, "T-").values()) == sorted(r["output"][0]["answer"] for r in records)
+    for tag in ("S-", "T-", "D-", "Z-"):
+        assert tagged(post, tag) == tagged(plain, tag) and len(tagged(post, tag)) >= len(records)
+    hypotheses = {key[2:]: value for key, value in tagged(post, "H-").items()}
+    assert hypotheses == {key[2:]: value for key, value in tagged(post, "D-").items()}
+    assert "BLEU" in post.stdout.splitlines()[-1]
+    assert not any(l[:2] in ("S-", "T-", "H-", "D-", "P-", "Z-") for l in quiet.stdout.splitlines())
+    prov = [json.loads(l) for l in (tmp_path / "prov.jsonl").read_text().splitlines()]
+    assert sorted(p["sample_id"] for p in prov) == list(range(len(records)))
 
 
 @pytest.mark.slow

@@ -43,3 +43,23 @@ def test_plot_doc_posterior(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts/plot_doc_posterior.py"), str(f), "--sample", "9",
                         "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_hub_hot_swap_drops_the_checkpoints_search_settings(tiny_world, trained, tmp_path):
+    """A checkpoint trained on an IVF index with --nprobe, hot-swapped to a Flat one: its nprobe is for
+    its own index and is dropped (before: '--nprobe applies to IVF indexes only', with no way around it);
+    without a swap it still applies, and an explicit one is passed on."""
+    import torch
+
+    state = torch.load(trained["rag_token_tiny"], weights_only=False)  # the test's own checkpoint
+    state["cfg"]["task"]["nprobe"] = 4  # as if trained on an IVF knowledge source with --nprobe 4
+    ckpt = tmp_path / "ivf_trained.pt"
+    torch.save(state, ckpt)
+    with pytest.raises(UserError, match="--nprobe applies to IVF indexes only"):
+        RAG.from_pretrained(str(ckpt), n_docs=2)  # the checkpoint's own (Flat here) knowledge source
+    rag = RAG.from_pretrained(str(ckpt), knowledge=str(tiny_world["ks"]), n_docs=2)
+    assert rag.task.cfg.nprobe is None
+    assert len(rag.generate(["What is the capital of Kakaka?"], beam=1, max_len_b=3)[0]["provenance"]) == 2
+    with pytest.raises(UserError, match="--nprobe applies to IVF indexes only"):
+        RAG.from_pretrained(str(ckpt), knowledge=str(tiny_world["ks"]), n_docs=2, nprobe=8)

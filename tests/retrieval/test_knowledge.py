@@ -223,3 +223,174 @@ def test_reuse_vectors_refuses_another_encoder(tmp_path):
         build_knowledge_source(str(tmp_path / "ks2"), BuildSettings(passages=str(src), encoder="hashing"),
                                encoder=HashingEncoder(dim=32), progress=False, log=lambda m: None,
                                reuse_vectors_from=str(tmp_path / "ks1"))
+
+
+# ------------------------------------------------------------------ what a rerun checks
+TINY = dict(dim=32, layers=1, heads=2, intermediate=64)
+
+
+class _Stop(Exception):
+    pass
+
+
+class _StopAfter:
+    """Wraps an encoder; raises _Stop (an interruption) once ``shards`` shards are embedded."""
+
+    def __init__(self, encoder, shards):
+        self.encoder, self.left = encoder, shards
+
+    dim = property(lambda self: self.encoder.dim)
+
+    def identity(self):
+        return self.encoder.identity()
+
+    def encode_passages(self, *args, **kw):
+        if self.left == 0:
+            raise _Stop()
+        self.left -= 1
+        return self.encoder.encode_passages(*args, **kw)
+
+
+def _quiet(**kw):
+    return dict(progress=False, log=lambda m: None, **kw)
+
+
+def _save_dpr(directory, seed):
+    from rag_plugin.retrieval.encoders import build_random_encoder, save_hf_dpr
+
+    save_hf_dpr(build_random_encoder(**TINY, seed=seed, pooling="cls", normalize=False), directory)
+
+
+def test_rerun_after_the_encoder_changed_is_refused_not_mixed(tmp_path):
+    """hf-dpr:DIR whose weights change at the same path: neither a resume nor a finished build may
+    keep vectors of the old weights (reference: a fresh build with the new ones)."""
+    from rag_plugin.retrieval.encoders import load_encoder
+
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(40))
+    dpr = tmp_path / "dpr"
+    _save_dpr(dpr, 0)
+    s = BuildSettings(passages=str(src), encoder=f"hf-dpr:{dpr}")
+    out = tmp_path / "ks"
+    with pytest.raises(_Stop):
+        build_knowledge_source(str(out), s, encoder=_StopAfter(load_encoder(s.encoder), 1), shard_size=16, **_quiet())
+    _save_dpr(dpr, 1)  # fine-tuned / replaced at the same path
+    with pytest.raises(UserError, match="unfinished build begun with another document encoder") as err:
+        build_knowledge_source(str(out), s, shard_size=16, **_quiet())
+    assert "passage_weights_sha256" in str(err.value) and "--restart" in str(err.value)
+    ks = build_knowledge_source(str(out), s, shard_size=16, restart=True, **_quiet())
+    fresh = build_knowledge_source(str(tmp_path / "fresh"), s, shard_size=16, **_quiet())
+    np.testing.assert_allclose(np.asarray(ks.vectors), np.asarray(fresh.vectors), rtol=1e-5, atol=1e-6)
+    # unchanged encoder: up to date; changed: refused, and the source is left as it was
+    logs = []
+    build_knowledge_source(str(out), s, shard_size=16, progress=False, log=logs.append)
+    assert any("up to date" in m for m in logs)
+    _save_dpr(dpr, 2)
+    manifest = (out / "manifest.json").read_bytes()
+    with pytest.raises(UserError, match="knowledge source embedded with another document encoder") as err:
+        build_knowledge_source(str(out), s, shard_size=16, **_quiet())
+    assert "passage_weights_sha256" in str(err.value)
+    assert (out / "manifest.json").read_bytes() == manifest and len(KnowledgeSource(str(out))) == 40
+
+
+def test_resume_refuses_other_encoder_settings_at_the_same_spec(tmp_path):
+    """Another max_length through the same --encoder string (a wrapper around the encoder): refused."""
+    from rag_plugin.retrieval.encoders import build_random_encoder
+
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(40))
+    s = BuildSettings(passages=str(src), encoder="mine")
+    out = tmp_path / "ks"
+    with pytest.raises(_Stop):
+        build_knowledge_source(str(out), s, encoder=_StopAfter(build_random_encoder(**TINY), 1), shard_size=16,
+                               **_quiet())
+    with pytest.raises(UserError, match="max_length 256 then, 8 now"):
+        build_knowledge_source(str(out), s, encoder=build_random_encoder(**TINY, max_length=8), shard_size=16,
+                               **_quiet())
+    ks = build_knowledge_source(str(out), s, encoder=build_random_encoder(**TINY), shard_size=16, **_quiet())
+    fresh = build_knowledge_source(str(tmp_path / "fresh"), s, encoder=build_random_encoder(**TINY), **_quiet())
+    np.testing.assert_allclose(np.asarray(ks.vectors), np.asarray(fresh.vectors), rtol=1e-5, atol=1e-6)
+
+
+def test_sources_and_unfinished_builds_of_older_versions(tmp_path):
+    """Their settings do not hold the encoder identity or the shard size: a finished one is checked
+    against its manifest's encoder; an unfinished one with finished shards cannot be checked."""
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(40))
+    s = BuildSettings(passages=str(src), encoder="hashing")
+    out = tmp_path / "ks"
+    build_knowledge_source(str(out), s, encoder=HashingEncoder(), **_quiet())
+    m = json.loads((out / "manifest.json").read_text())
+    del m["build_settings"]["encoder_identity"]  # as older versions wrote it
+    (out / "manifest.json").write_text(json.dumps(m))
+    logs = []
+    build_knowledge_source(str(out), s, encoder=HashingEncoder(), progress=False, log=logs.append)
+    assert any("up to date" in line for line in logs) and len(KnowledgeSource(str(out))) == 40
+    with pytest.raises(UserError, match="another document encoder"):
+        build_knowledge_source(str(out), s, encoder=HashingEncoder(dim=32), **_quiet())
+
+    old = tmp_path / "old"
+    with pytest.raises(_Stop):
+        build_knowledge_source(str(old), s, encoder=_StopAfter(HashingEncoder(), 1), shard_size=16, **_quiet())
+    state = json.loads((old / ".build" / "settings.json").read_text())
+    (old / ".build" / "settings.json").write_text(json.dumps(
+        {k: v for k, v in state.items() if k not in ("encoder_identity", "shard_size")}))
+    with pytest.raises(UserError, match="older version") as err:
+        build_knowledge_source(str(old), s, encoder=HashingEncoder(), shard_size=16, **_quiet())
+    assert "--restart" in str(err.value)
+
+
+def test_resume_with_another_shard_size_equals_a_fresh_build(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(40))
+    s = BuildSettings(passages=str(src), encoder="hashing")
+    out = tmp_path / "ks"
+    with pytest.raises(_Stop):
+        build_knowledge_source(str(out), s, encoder=_StopAfter(HashingEncoder(), 2), shard_size=10, **_quiet())
+    logs = []
+    ks = build_knowledge_source(str(out), s, encoder=CountingEncoder(), shard_size=16, progress=False,
+                                log=logs.append)
+    assert any("shard size 10" in line for line in logs)
+    fresh = build_knowledge_source(str(tmp_path / "fresh"), s, encoder=HashingEncoder(), **_quiet())
+    np.testing.assert_array_equal(np.asarray(ks.vectors), np.asarray(fresh.vectors))
+    # an unfinished build of an older version (no recorded shard size): read off its first shard
+    with pytest.raises(_Stop):
+        build_knowledge_source(str(tmp_path / "old"), s, encoder=_StopAfter(HashingEncoder(), 2), shard_size=10,
+                               **_quiet())
+    settings_file = tmp_path / "old" / ".build" / "settings.json"
+    state = json.loads(settings_file.read_text())
+    del state["shard_size"]
+    settings_file.write_text(json.dumps(state))
+    enc = CountingEncoder()
+    old = build_knowledge_source(str(tmp_path / "old"), s, encoder=enc, shard_size=16, **_quiet())
+    assert enc.embedded == 20
+    np.testing.assert_array_equal(np.asarray(old.vectors), np.asarray(fresh.vectors))
+    # a shard that fits no shard size of this build: refused, not broadcast into the vectors
+    with pytest.raises(_Stop):
+        build_knowledge_source(str(tmp_path / "bad"), s, encoder=_StopAfter(HashingEncoder(), 2), shard_size=10,
+                               **_quiet())
+    np.save(tmp_path / "bad" / ".build" / "shards" / f"{10:012d}.npy", np.zeros((7, 64), dtype=np.float32))
+    with pytest.raises(UserError, match="does not fit"):
+        build_knowledge_source(str(tmp_path / "bad"), s, encoder=HashingEncoder(), shard_size=10, **_quiet())
+
+
+def test_reuse_vectors_checks_every_passage_side_setting(tmp_path):
+    """Same weights with another max_length: refused, naming it. The same encoder at another path
+    (another spec, same passage side): reused, and equal to a fresh build."""
+    import shutil
+
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(40))
+    base = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"
+    build_knowledge_source(str(tmp_path / "a"), BuildSettings(passages=str(src), encoder=base), **_quiet())
+    with pytest.raises(UserError, match="does not match the document encoder") as err:
+        build_knowledge_source(str(tmp_path / "b"), BuildSettings(passages=str(src), encoder=base + ",max_length=8"),
+                               reuse_vectors_from=str(tmp_path / "a"), **_quiet())
+    assert "max_length 256 there, 8 here" in str(err.value) and not (tmp_path / "b").exists()
+
+    _save_dpr(tmp_path / "dpr1", 0)
+    shutil.copytree(tmp_path / "dpr1", tmp_path / "dpr2")
+    build_knowledge_source(str(tmp_path / "c"), BuildSettings(passages=str(src), encoder=f"hf-dpr:{tmp_path / 'dpr1'}"),
+                           **_quiet())
+    logs = []
+    s2 = BuildSettings(passages=str(src), encoder=f"hf-dpr:{tmp_path / 'dpr2'}")
+    reused = build_knowledge_source(str(tmp_path / "d"), s2, reuse_vectors_from=str(tmp_path / "c"),
+                                    progress=False, log=logs.append)
+    assert any("reused the vectors of 40" in line for line in logs)
+    fresh = build_knowledge_source(str(tmp_path / "e"), s2, **_quiet())
+    np.testing.assert_allclose(np.asarray(reused.vectors), np.asarray(fresh.vectors), rtol=1e-5, atol=1e-6)

@@ -113,3 +113,58 @@ def test_damaged_store_is_refused(tmp_path):
     (tmp_path / "s" / "meta.json").write_text("{", encoding="utf-8")
     with pytest.raises(UserError, match="corrupted"):
         PassageStore(str(tmp_path / "s"))
+
+
+TRICKY_TSV = (
+    'id\ttext\ttitle\n'
+    '1\t"Aaron is a ""prophet""."\tAaron\n'
+    '2\t"A" and "B" were there\t"""Weird Al"" Yankovic"\n'     # unquoted text that begins with a quote
+    '3\t"ends" and "begins"\tX\n'                              # ... and ends with one
+    '4\tsaid "hi" once\tsaid "hi"\n'                           # quotes inside unquoted fields are literal
+    '5\t"a tab\tinside, and a\nnewline"\tTitle with "quotes"\n'  # a quoted field holds a tab and a newline
+    '"6"\t"x"y\t\n'                                             # a quoted id; text after a closing quote; no title
+    '7\t"""quoted"" start"\t"T"\r\n'                           # CRLF line end
+)
+
+
+def test_tsv_columns_follow_dprs_csv_reading(tmp_path):
+    """Every column is read as DPR reads psgs_w100.tsv: csv.reader(f, delimiter="\\t") is the reference."""
+    import csv
+
+    f = tmp_path / "psgs.tsv"
+    f.write_bytes(TRICKY_TSV.encode("utf-8"))
+    with open(f, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh, delimiter="\t"))[1:]
+    expected = [Passage(pid.strip(), title, text) for pid, text, title in rows]
+    assert len(expected) == 7
+    assert list(read_passages(str(f))) == expected
+    assert expected[1] == Passage("2", '"Weird Al" Yankovic', 'A and "B" were there')
+    # a row after a row that runs over two lines still names its own line
+    f.write_bytes((TRICKY_TSV + "8\tonly two\n").encode("utf-8"))
+    with pytest.raises(UserError, match="3 tab-separated columns") as err:
+        list(read_passages(str(f)))
+    assert f"{f}:10:" in err.value.render()
+
+
+def test_tsv_unbalanced_quote_names_the_row_it_starts_on(tmp_path):
+    f = tmp_path / "psgs.tsv"
+    f.write_text('id\ttext\ttitle\n1\tok\tA\n2\t"never closed\tB\n3\tthree\tC\n', encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        list(read_passages(str(f)))
+    msg = err.value.render()
+    assert f"{f}:3:" in msg and "lines 3-4" in msg and "\n" not in msg and msg.endswith(")")
+
+
+def test_same_file_twice_is_a_duplicate_id(tmp_path):
+    from rag_plugin.retrieval.passages import read_collection
+
+    f = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "title": "A", "text": "x"},
+                                           {"id": "b", "title": "B", "text": "y"}])
+    with pytest.raises(UserError, match="duplicate passage id 'a'") as err:
+        list(read_collection([str(f), str(f)]))
+    assert f"{f}:1:" in err.value.render() and "given twice" in err.value.render()
+    g = write_jsonl(tmp_path / "d.jsonl", [{"id": "z", "title": "Z", "text": "w"},
+                                           {"id": "b", "title": "B", "text": "y"}])
+    with pytest.raises(UserError, match="duplicate passage id 'b'") as err:
+        list(read_collection([str(f), str(g)]))
+    assert f"{g}:2:" in err.value.render() and str(f) in err.value.render()
