@@ -207,6 +207,10 @@ def convert_hf_rag(hf_dir: str, out_dir: str, input_format: str = "hf", variant:
     if not src.is_dir():
         raise UserError("Hugging Face RAG folder not found", path=str(src), fix="pass --hf-dir DIR (save_pretrained)")
     out = Path(out_dir)
+    if any(c in str(out.resolve()) for c in ",="):
+        raise UserError("the output path holds ',' or '=', which an encoder spec (hf-dpr:DIR,option=value, recorded "
+                        "for the question encoder) cannot carry", path=str(out),
+                        fix="choose an --out whose path has no ',' or '='")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise UserError("output directory exists and is not empty", path=str(out),
                         fix="choose another --out, or add --overwrite")
@@ -245,7 +249,9 @@ def convert_hf_rag(hf_dir: str, out_dir: str, input_format: str = "hf", variant:
     try:
         _write_bpe(tmp, vocab, merges, dims["vocab_size"], str(src / "generator_tokenizer"))
         _write_question_encoder(tmp / "question_encoder", qcfg, q_weights, src / "question_encoder_tokenizer")
-        max_length = min(256, int(qcfg.get("max_position_embeddings", 512)))  # the plugin's DPR default: 256
+        # transformers' RAG does not cut the question: up to the encoder's positions (DPR: 512), where the
+        # plugin's DPR default is 256 (DPR's passage length)
+        max_length = int(qcfg.get("max_position_embeddings", 512))
         options = "" if max_length == 256 else f",max_length={max_length}"
         query = load_encoder(f"hf-dpr:{tmp / 'question_encoder'}{options}")  # checks weights against config
         if query.dim != int(config.get("retrieval_vector_size", query.dim)) and "retrieval_vector_size" in config:

@@ -238,7 +238,12 @@ def test_converted_directory_and_errors(world, converted, tiny_world, tmp_path):
     rec = read_conversion(str(converted["token"]["dir"]))
     assert rec["architecture"] == "rag_token" and rec["n_docs"] == hf_world.N_DOCS
     assert rec["input_format"]["name"] == "hf" and rec["encoder_spec"].startswith("hf-dpr:")
+    # questions as long as the DPR encoder's positions (transformers cuts none), not the plugin's 256
+    assert rec["encoder_spec"].endswith(",max_length=128")
     src = world["token"]["dir"]
+    with pytest.raises(UserError, match="holds ',' or '='"):  # the spec grammar could not record that path
+        convert_hf_rag(str(src), str(tmp_path / "o-lr=3e-5"), log=lambda m: None)
+    assert not (tmp_path / "o-lr=3e-5").exists()
 
     def broken(name, edit):
         folder = tmp_path / name
