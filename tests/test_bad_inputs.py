@@ -382,6 +382,10 @@ def case_table() -> List[Case]:
         return fairseq_train(w, data_dir(w, d, [QA, {"id": "x2", "input": " ", "output": [{"answer": "Z"}]}]),
                              d / "ckpt")
 
+    def t_regex_targets(d, w):  # CuratedTrec patterns as they come from prepare_curatedtrec.py
+        return fairseq_train(w, data_dir(w, d, [QA, {"id": "ct1", "input": "Who founded IBM?", "output": [
+            {"answer": "Charles\\s+Flint|Flint"}], "meta": {"answer_is_regex": True}}]), d / "ckpt")
+
     def t_other_knowledge(d, w):
         import shutil
 
@@ -512,6 +516,8 @@ def case_table() -> List[Case]:
         # --- fairseq-train
         Case("train: unknown --arch", t_arch, ["rag_tokn_tiny", "did you mean rag_token_tiny"], ["ckpt"]),
         Case("train: empty question", t_empty_question, ["data/train.jsonl:2:", "empty question"], ["ckpt"]),
+        Case("train: CuratedTrec regex answers without derived targets", t_regex_targets,
+             ["data/train.jsonl:2:", "regular-expression answers", "scripts/curatedtrec_targets.py"], ["ckpt"]),
         Case("train: resume with another knowledge source", t_other_knowledge,
              ["manifest.json:", "checkpoint's document encoder does not match"],
              unchanged=["ckpt/checkpoint_last.pt"]),

@@ -13,6 +13,8 @@ Generation (Table 2): :func:`bleu1` (Jeopardy and MS-MARCO "B-1"), :func:`rouge_
 Classification (Table 2, FEVER): :func:`label_accuracy` (3-way and 2-way).
 Retrieval against gold provenance (KILT): :func:`r_precision`, :func:`recall_at_k`,
   :func:`precision_at_k`, and :func:`answer_in_top_k`.
+Regular-expression answers (CuratedTrec, ``meta.answer_is_regex``): :func:`regex_exact_match`,
+  :func:`regex_token_f1` and ``answer_in_top_k(..., regex=True)``, as DrQA and DPR score them.
 
 Empty input lists raise ``ValueError`` (a caller bug: the readers never produce them).
 """
@@ -21,7 +23,9 @@ from __future__ import annotations
 import math
 import re
 import string
+import unicodedata
 from collections import Counter
+from functools import lru_cache
 from typing import Callable, Iterable, List, Optional, Sequence, Union
 
 GoldAliases = Union[str, Sequence[str]]
@@ -81,6 +85,61 @@ def token_f1(pred: str, golds: GoldAliases) -> float:
     """
     p = normalize_answer(pred).split()
     return max(_f1_one(p, normalize_answer(g).split()) for g in _aliases(golds))
+
+
+# ============================================================================ regex answers
+#: DrQA's ``regex_match_score`` flags (DPR's ``regex_match`` uses the same).
+REGEX_FLAGS = re.IGNORECASE | re.UNICODE | re.MULTILINE
+
+
+@lru_cache(maxsize=65536)
+def compile_answer_pattern(pattern: str) -> Optional["re.Pattern"]:
+    """``pattern`` compiled with :data:`REGEX_FLAGS`, or None if it is not a valid Python regex."""
+    try:
+        return re.compile(pattern, REGEX_FLAGS)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return None
+
+
+def _split_patterns(golds: GoldAliases, nfd: bool = False):
+    """(compiled patterns, patterns that do not compile)."""
+    compiled, literal = [], []
+    for g in _aliases(golds):
+        c = compile_answer_pattern(unicodedata.normalize("NFD", g) if nfd else g)
+        if c is None:
+            literal.append(g)
+        else:
+            compiled.append(c)
+    return compiled, literal
+
+
+def regex_exact_match(pred: str, patterns: GoldAliases) -> float:
+    """Exact match against regular-expression answers (CuratedTrec), as DrQA's
+    ``regex_match_score`` (which DPR and the RAG paper use for CuratedTrec) defines it:
+    1.0 if some pattern, compiled with ``re.IGNORECASE | re.UNICODE | re.MULTILINE``,
+    ``.match``-es the prediction as it is (no SQuAD normalisation), else 0.0.
+
+    ``.match`` anchors at the start only, exactly as DrQA's: ``Charles\\s+Flint|Flint`` matches
+    ``"charles  flint"`` and also ``"Flint, Michigan"``, but not ``"Mr Flint"``.
+
+    A pattern that does not compile as a Python regex (``prepare_curatedtrec.py`` keeps such
+    patterns verbatim and counts them in ``prepare.json``) is matched literally instead: it
+    scores like an ordinary alias under :func:`exact_match`. DrQA scores it 0 for every
+    prediction; matching the text literally is the more useful reading of a broken pattern.
+    """
+    compiled, literal = _split_patterns(patterns)
+    if any(c.match(pred) is not None for c in compiled):
+        return 1.0
+    return exact_match(pred, literal) if literal else 0.0
+
+
+def regex_token_f1(pred: str, patterns: GoldAliases) -> float:
+    """Token F1 for regular-expression answers: equal to :func:`regex_exact_match`.
+
+    No token F1 is defined against a pattern (a pattern has no bag of tokens to overlap
+    with), so F1 on such records is reported as the regex exact match, 0 or 1.
+    """
+    return regex_exact_match(pred, patterns)
 
 
 # ============================================================================ helpers
@@ -364,15 +423,32 @@ def precision_at_k(retrieved_ids: Ids, gold_ids: GoldIds, k: int) -> float:
     return sum(_kilt_rank(retrieved_ids, sets)[:k]) / k
 
 
-def answer_in_top_k(passage_texts: Sequence[Optional[str]], golds: GoldAliases, k: int) -> float:
+def answer_in_top_k(passage_texts: Sequence[Optional[str]], golds: GoldAliases, k: int,
+                    regex: bool = False) -> float:
     """1.0 if a normalised gold alias occurs in any of the first k passages, else 0.0.
 
     Both sides go through :func:`normalize_answer`; the alias must occur as a whole run of
     tokens (``"paris"`` is in ``"to paris by"`` but not in ``"comparison"``). Aliases that
     normalise to nothing are ignored.
+
+    ``regex=True`` (CuratedTrec): the golds are patterns, and a passage holds the answer when a
+    pattern (compiled as in :func:`compile_answer_pattern`) ``.search``-es its text, both sides
+    in Unicode NFD, as DPR's ``has_answer`` does with ``match_type="regex"``. A pattern that
+    does not compile is looked for as a literal alias, as above (see :func:`regex_exact_match`).
     """
     if k < 1:
         raise ValueError("k must be positive")
+    if regex:
+        compiled, literal = _split_patterns(golds, nfd=True)
+        literal_needles = [f" {a} " for a in (normalize_answer(g) for g in literal) if a]
+        for text in list(passage_texts)[:k]:
+            text = text or ""
+            nfd = unicodedata.normalize("NFD", text)
+            if any(c.search(nfd) is not None for c in compiled):
+                return 1.0
+            if literal_needles and any(n in f" {normalize_answer(text)} " for n in literal_needles):
+                return 1.0
+        return 0.0
     needles = [f" {a} " for a in (normalize_answer(g) for g in _aliases(golds)) if a]
     for text in list(passage_texts)[:k]:
         hay = f" {normalize_answer(text or '')} "

@@ -56,6 +56,21 @@ class GoldExample:
     def provenance(self) -> List[str]:
         return [pid for s in self.evidence_sets for pid in s]
 
+    @property
+    def is_regex(self) -> bool:
+        """The answers are regular expressions (CuratedTrec: ``meta.answer_is_regex``)."""
+        return bool(self.meta.get("answer_is_regex"))
+
+    @property
+    def patterns(self) -> List[str]:
+        """The answer patterns of a regex record: ``meta.answer_pattern`` (kept there by
+        ``scripts/curatedtrec_targets.py``, which puts concrete strings in the answers), else
+        the answers themselves (as ``prepare_curatedtrec.py`` writes them)."""
+        kept = self.meta.get("answer_pattern")
+        if kept is None:
+            return list(self.answers)
+        return [kept] if isinstance(kept, str) else list(kept)
+
 
 @dataclass
 class Guess:
@@ -149,8 +164,16 @@ def read_gold(path: str) -> List[GoldExample]:
         extra.append((lineno, sets))
     if len(extra) != len(records):  # the file changed between the two passes
         raise UserError("gold file changed while it was read", path=path, fix="rerun")
-    return [GoldExample(r.id, r.input, list(r.answers), sets, dict(r.meta or {}), lineno)
+    gold = [GoldExample(r.id, r.input, list(r.answers), sets, dict(r.meta or {}), lineno)
             for r, (lineno, sets) in zip(records, extra)]
+    for g in gold:
+        kept = g.meta.get("answer_pattern") if g.is_regex else None
+        if kept is not None and not (isinstance(kept, str) and kept or isinstance(kept, list) and kept
+                                     and all(isinstance(x, str) and x for x in kept)):
+            raise UserError("meta.answer_pattern must be a non-empty pattern string or list of them",
+                            path=path, line=g.line,
+                            fix="rerun scripts/curatedtrec_targets.py on the prepare_curatedtrec.py output")
+    return gold
 
 
 # ================================================================================== guesses

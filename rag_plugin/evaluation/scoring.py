@@ -2,8 +2,11 @@
 
 Metric names (case-insensitive on input; canonical spelling first, then the column label):
 
-* ``em`` (EM): exact match, the maximum over gold aliases (SQuAD normalisation).
-* ``f1`` (F1): token F1, the maximum over gold aliases.
+* ``em`` (EM): exact match, the maximum over gold aliases (SQuAD normalisation). Records whose
+  answers are regular expressions (``meta.answer_is_regex``, CuratedTrec) are scored as DrQA and
+  DPR score them: a pattern ``.match``-es the raw prediction (``metrics.regex_exact_match``).
+* ``f1`` (F1): token F1, the maximum over gold aliases; for regex records it equals their EM
+  (no token F1 is defined against a pattern).
 * ``bleu1`` (B-1): corpus BLEU-1, 13a tokens, lower-cased. Not Q-BLEU-1 (see ``metrics.bleu1``).
 * ``rougeL`` (R-L): ROUGE-L F (stemmed), the maximum over references, averaged.
 * ``bleu`` (BLEU): sacrebleu corpus BLEU-4 with its defaults.
@@ -12,7 +15,8 @@ Metric names (case-insensitive on input; canonical spelling first, then the colu
 * ``distinct<N>`` (Dist-N): distinct / total N-grams over all predictions (Table 5: N=3).
 * ``rprec`` (R-Prec): KILT R-precision against the gold provenance.
 * ``recall@<K>`` (R@K), ``precision@<K>`` (P@K): KILT recall / precision at K.
-* ``answer_in_top<K>`` (Ans@K): a gold answer occurs in one of the top-K retrieved passages.
+* ``answer_in_top<K>`` (Ans@K): a gold answer occurs in one of the top-K retrieved passages
+  (regex records: a pattern ``.search``-es a passage, as DPR's ``has_answer``).
 
 Every value is reported in percent (the metric's [0, 1] value times 100, rounded to 4
 decimals), as the paper reports EM, BLEU, ROUGE, accuracy and the distinct-n-gram ratio and
@@ -145,9 +149,9 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
     out: Dict[str, float] = {}
     for name in names:
         if name == "em":
-            value = M.mean(M.per_example(M.exact_match, preds, refs))
+            value = M.mean(_qa_scores(M.exact_match, M.regex_exact_match, preds, gold))
         elif name == "f1":
-            value = M.mean(M.per_example(M.token_f1, preds, refs))
+            value = M.mean(_qa_scores(M.token_f1, M.regex_token_f1, preds, gold))
         elif name == "bleu1":
             value = M.bleu1(preds, refs)
         elif name == "rougeL":
@@ -173,11 +177,18 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
         elif name.startswith("answer_in_top"):
             k = _param(name)
             texts = _top_texts(guesses, k, passages, guess_path)
-            value = M.mean(M.answer_in_top_k(texts[p.id], g.answers, k) for g, p in zip(gold, guesses))
+            value = M.mean(M.answer_in_top_k(texts[p.id], g.patterns if g.is_regex else g.answers, k,
+                                             regex=g.is_regex) for g, p in zip(gold, guesses))
         else:  # pragma: no cover - canonical_metric admits nothing else
             raise AssertionError(name)
         out[name] = round(100.0 * value, 4)
     return out
+
+
+def _qa_scores(plain, regex, preds: Sequence[str], gold: Sequence[GoldExample]) -> List[float]:
+    """Per-example QA scores: ``regex(pred, patterns)`` for regex records (CuratedTrec), else
+    ``plain(pred, answers)``."""
+    return [regex(p, g.patterns) if g.is_regex else plain(p, g.answers) for p, g in zip(preds, gold)]
 
 
 def _split_base(pid: str) -> Optional[str]:

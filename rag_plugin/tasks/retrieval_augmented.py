@@ -141,6 +141,8 @@ class RetrievalAugmentedTask(FairseqTask):
             raise UserError(f"missing data split {split!r}", path=str(path),
                             fix=f"DATA must hold {split}.jsonl (KILT style)")
         records = read_kilt(str(path), require_answers=True, allow_empty_input=(split != "train"))
+        if split == "train" or _computing_loss():
+            _refuse_regex_targets(records, path)
         questions, targets = [], []  # one entry per training example (records repeat with train_all_answers)
         for r in records:
             answers = r.answers if (self.cfg.train_all_answers and split == "train") else r.answers[:1]
@@ -355,6 +357,47 @@ _UNSUPPORTED = {
     "print_step": ("--print-step prints the steps of iterative refinement decoders; RAG decodes left to right",
                    "leave --print-step out"),
 }
+
+
+def _computing_loss() -> bool:
+    """Whether fairseq-train (its validation subsets) or fairseq-validate is loading data: there
+    the targets of every split are loss targets. fairseq-generate, or a caller from Python,
+    only needs the questions of an evaluation split (answers are scored from the gold file)."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in ("fairseq_cli.train", "fairseq_cli.validate"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _refuse_regex_targets(records, path: Path) -> None:
+    """Regular-expression answers (CuratedTrec: ``meta.answer_is_regex``) whose concrete targets
+    were not derived (no ``meta.answer_pattern``) would teach the generator to write the pattern.
+    The paper takes the most frequent match in the retrieved passages instead."""
+    bad = [i for i, r in enumerate(records)
+           if r.meta.get("answer_is_regex") and r.meta.get("answer_pattern") is None]
+    if not bad:
+        return
+    line = None
+    with open(path, "rb") as fh:  # record i is the i-th non-blank line (read_kilt skips blank ones)
+        seen = -1
+        for lineno, raw in enumerate(fh, 1):
+            if raw.strip():
+                seen += 1
+                if seen == bad[0]:
+                    line = lineno
+                    break
+    data = path.parent
+    what = "training target" if path.stem == "train" else "target of the validation loss"
+    raise UserError(f"{len(bad)} of {len(records)} records have regular-expression answers "
+                    f"(meta.answer_is_regex, CuratedTrec) and no concrete target, e.g. {records[bad[0]].id!r}: "
+                    f"the pattern itself would be the {what}", path=str(path), line=line,
+                    fix=f"run scripts/curatedtrec_targets.py --data {data} --knowledge KS_DIR, which takes each "
+                        f"pattern's most frequent match in the retrieved passages as the target as the paper "
+                        f"does, and train on its output")
 
 
 def _refuse_unsupported_generation_options(args) -> None:
