@@ -9,6 +9,7 @@
 In the manner of fairseq's hub interfaces; it drives the same task, model and generators as
 ``fairseq-generate``.
 """
+import json
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -53,6 +54,12 @@ class RAG:
                 cfg.task.rag_decoding = rag_decoding
             if retriever is not None:
                 cfg.task.retriever = retriever
+        if knowledge is None and cfg.task.get("knowledge") and not Path(cfg.task.knowledge).is_dir():
+            # the path as typed for fairseq-train (relative to where it ran): the model records it resolved
+            recorded = json.loads((state["model"].get("_extra_state") or {}).get("knowledge") or "{}").get("knowledge")
+            if recorded and Path(recorded).is_dir():
+                with open_dict(cfg):
+                    cfg.task.knowledge = recorded
         if not cfg.task.get("knowledge") or not Path(cfg.task.knowledge).is_dir():
             raise UserError(f"the checkpoint's knowledge source {cfg.task.get('knowledge')!r} is not here",
                             path=checkpoint, fix="pass knowledge=KS_DIR (a knowledge source with the same encoder)")
@@ -67,7 +74,10 @@ class RAG:
 
     def generate(self, questions: Sequence[str], beam: int = 4, nbest: int = 1, max_len_b: int = 64,
                  lenpen: float = 1.0, batch_size: int = 16, **generation) -> List[dict]:
-        """Answers with provenance: one dict per question (``nbest`` > 1 adds ``alternatives``)."""
+        """Answers with provenance: one dict per question (``nbest`` > 1 adds ``alternatives``).
+
+        ``score``: the answer's (length-normalised) log-probability in nats, as fairseq's generators
+        return it; fairseq-generate prints the same number in base 2 (divided by ln 2)."""
         from fairseq import utils
         from fairseq.dataclass.configs import GenerationConfig
 
@@ -87,7 +97,7 @@ class RAG:
             rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
             for i, question in enumerate(chunk):
                 answers = [{"answer": self.tokenizer.decode([t for t in h["tokens"].tolist()]),
-                            "score": float(h["score"])} for h in hypos[i]]
+                            "score": float(h["score"])} for h in hypos[i][:nbest]]  # fairseq keeps the beam
                 provenance = []
                 if rows is not None:
                     probs = doc_lp[i].exp()

@@ -445,6 +445,7 @@ def case_table() -> List[Case]:
 
                 state = torch.load(path, weights_only=False)  # our own file
                 state["cfg"]["model"]["_name"] = "rag_seq_tiny"
+                state["model"]["_extra_state"]["variant"] = "sequence"  # as a rag_seq run records itself
                 torch.save(state, d / "rag_seq.pt")
                 path = d / "rag_seq.pt"
             extra = ["--score-reference"] if score_reference else []

@@ -238,3 +238,7 @@ def test_rerun_of_generate_replaces_provenance_not_appends(runs, tiny_world, tmp
     assert not path.with_name("prov.jsonl.partial").exists()
     assert [json.loads(x)["sample_id"] for x in path.read_text().splitlines()] == [0, 1]
     provenance._OUTPUTS.clear()
+    deep = tmp_path / "new" / "folder" / "prov.jsonl"  # a folder that does not exist yet is made
+    provenance.append_jsonl(str(deep), [{"sample_id": 0, "provenance": []}], expected=1)
+    assert json.loads(deep.read_text())["sample_id"] == 0
+    provenance._OUTPUTS.clear()

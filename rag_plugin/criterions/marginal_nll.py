@@ -65,9 +65,12 @@ class MarginalNLLCriterion(FairseqCriterion):
             "top1_doc_prob": M.top1_doc_prob(doc_lp).sum().data,
         }
         gold = sample.get("gold_rows")
-        if gold is None and not model.training and self.best_checkpoint_metric == "gold_doc_prob":
-            raise UserError("--best-checkpoint-metric gold_doc_prob needs gold passages (provenance) in the valid "
-                            "set; this valid set names none",
+        if (not model.training and self.best_checkpoint_metric == "gold_doc_prob"
+                and (gold is None or net_output[1].get("doc_rows") is None)):
+            what = ("this model retrieves nothing (--n-docs 0)" if net_output[1].get("doc_rows") is None
+                    else "this valid set names none that is in the knowledge source")
+            raise UserError(f"--best-checkpoint-metric gold_doc_prob needs retrieved documents and gold passages "
+                            f"(provenance) in the valid set; {what}",
                             fix="choose another --best-checkpoint-metric (e.g. loss), or add provenance to the valid set")
         if gold is not None and net_output[1].get("doc_rows") is not None:
             stats["gold_doc_prob"] = gold_doc_prob(doc_lp, net_output[1]["doc_rows"], gold).sum().data

@@ -377,6 +377,30 @@ def check_fairseq_examples(examples: Dict[int, FairseqExample], path: str) -> No
                             path=path, line=ex.first_line, fix="print every retrieved passage, ranks from 0")
 
 
+def _question_key(text: str) -> str:
+    """A question reduced to its letters and digits, case and accents folded: fairseq's S- line shows
+    the question after a trip through the generator's pieces (spacing, unknown characters, casing of
+    an uncased tokenizer may change)."""
+    import unicodedata
+
+    folded = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(c for c in folded if c.isalnum())
+
+
+def _check_sources(path: str, examples: Dict[int, "FairseqExample"], gold: Sequence[GoldExample]) -> None:
+    """Predictions are matched to gold records by position: refuse a gold file whose questions are
+    not the ones the S- lines show (another split of the same size, another order). A minority of
+    differences is tolerated (a character the generator's vocabulary cannot spell)."""
+    shown = [(i, examples[i]) for i in range(len(gold)) if examples[i].source is not None]
+    off = [(i, ex) for i, ex in shown if _question_key(ex.source) != _question_key(gold[i].input)]
+    if shown and len(off) * 2 > len(shown):
+        i, ex = off[0]
+        raise UserError(f"{len(off)} of {len(shown)} S- lines do not show their gold record's question, e.g. "
+                        f"example {i}: {ex.source.strip()[:60]!r} against {gold[i].input.strip()[:60]!r} "
+                        f"(record {gold[i].id!r})", path=path, line=ex.first_line,
+                        fix="pass the gold file these predictions were generated from (the same split, in order)")
+
+
 def _align_fairseq(path: str, examples: Dict[int, FairseqExample], gold: Sequence[GoldExample]) -> List[Guess]:
     n = len(gold)
     outside = sorted(i for i in examples if i >= n)
@@ -389,6 +413,7 @@ def _align_fairseq(path: str, examples: Dict[int, FairseqExample], gold: Sequenc
     if missing:
         raise UserError(f"{len(missing)} of {n} gold examples have no prediction, ids: {_list_ids(missing)}",
                         path=path, fix="generate for the whole gold split (or pass the matching --gold)")
+    _check_sources(path, examples, gold)
     guesses = []
     for i, g in enumerate(gold):
         ex = examples[i]

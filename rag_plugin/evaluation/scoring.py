@@ -25,6 +25,7 @@ KILT reports retrieval.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
@@ -147,7 +148,11 @@ def evaluate(gold: Sequence[GoldExample], guesses: Sequence[Guess], metric_names
     preds = [p.answer for p in guesses]
     refs = [g.answers for g in gold]
     out: Dict[str, float] = {}
+    longest = max((len(p.retrieved) for p in guesses), default=0)
     for name in names:
+        if name.startswith(("recall@", "precision@")) and _param(name) > longest:
+            print(f"warning: {name} looks at {_param(name)} passages, and no prediction in {guess_path or 'the guesses'} "
+                  f"retrieved more than {longest}: the missing ranks count as misses", file=sys.stderr)
         if name == "em":
             value = M.mean(_qa_scores(M.exact_match, M.regex_exact_match, preds, gold))
         elif name == "f1":

@@ -119,8 +119,8 @@ def token_doc_posteriors(rag, sample, hypos, rows, doc_lp, tokenizer, store) -> 
 
 class _JsonlOutput:
     """A JSON-lines file written while generating: into ``<path>.partial`` (replaced at the
-    first write of this run, never appended to an old run's), renamed onto ``path`` once it is
-    complete: when every one of ``expected`` samples is in it, or (``expected`` unknown, as in
+    first write of this run, never appended to an old run's; missing folders are made), renamed
+    onto ``path`` once it is complete (an old run's complete file stays until then): when every one of ``expected`` samples is in it, or (``expected`` unknown, as in
     fairseq-interactive) when the process ends normally. A run that fails or is killed leaves
     only the ``.partial`` file, never a ``path`` that looks complete."""
 
@@ -130,6 +130,7 @@ class _JsonlOutput:
         self.expected = expected
         self.samples = set()
         self.done = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.partial, "w", encoding="utf-8")
         atexit.register(self._at_exit)
 

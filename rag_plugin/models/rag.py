@@ -283,6 +283,10 @@ class RagModel(BaseFairseqModel):
         if self.retriever is not None and trained.get("encoder"):
             self.retriever.knowledge.check_encoder(trained["encoder"], what="the checkpoint's document encoder")
         self._check_generator_tokenizer(trained.get("tokenizer"))
+        saved = state.get("variant")
+        if saved and saved != self.variant:  # a resume with another --arch, or a deliberate fine-tune
+            logger.warning("the checkpoint was trained as RAG-%s; this model is RAG-%s (its --arch): the weights are "
+                           "the same, the marginalisation is not", saved.capitalize(), self.variant.capitalize())
         if trained:
             self.knowledge_identity = trained
 

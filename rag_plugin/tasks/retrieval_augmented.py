@@ -173,6 +173,14 @@ class RetrievalAugmentedTask(FairseqTask):
                     by_id.setdefault(base[0], []).append(row)
             self._rows_by_id = by_id
         rows = [sorted({r for pid in prov for r in self._rows_by_id.get(pid, [])}) for prov in provenance]
+        named = sum(1 for prov in provenance if prov)
+        lost = sum(1 for prov, r in zip(provenance, rows) if prov and not r)
+        if lost:
+            example = next(prov[0] for prov, r in zip(provenance, rows) if prov and not r)
+            logger.warning("%d of %d records name gold passages none of which is in the knowledge source (e.g. "
+                           "%r): gold_doc_prob leaves them out", lost, named, example)
+        if lost == named:
+            return None  # no gold passage here at all: as if the data named none
         width = max(1, max(len(r) for r in rows))
         out = np.full((len(rows), width), -1, dtype=np.int64)
         for i, r in enumerate(rows):
@@ -258,6 +266,9 @@ class RetrievalAugmentedTask(FairseqTask):
                                 fix="leave prefix_allowed_tokens_fn out when scoring references")
             return RagScorer(model)
         if model.variant == "token":
+            if self.cfg.rag_decoding == "fast":
+                logger.warning("--rag-decoding fast applies to RAG-Sequence; this rag_token checkpoint decodes with "
+                               "RAG-Token's beam search")
             return RagTokenGenerator(self, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         return RagSequenceGenerator(self, model, args, self.cfg.rag_decoding, extra_gen_cls_kwargs,
                                     prefix_allowed_tokens_fn)

@@ -55,7 +55,7 @@ def generate_output(draw):
     for i in range(4):
         nbest = draw(st.integers(1, 3))
         hyps = [draw(text) for _ in range(nbest)]
-        lines = [f"S-{i}\t{draw(text)}", f"T-{i}\t{draw(text)}"]
+        lines = [f"S-{i}\tq{i}", f"T-{i}\t{draw(text)}"]  # S: the gold question (checked by the alignment)
         for h in hyps:
             lines += [f"H-{i}\t-0.5\t{h}", f"D-{i}\t-0.5\t{h}", f"P-{i}\t-0.1 -0.2"]
         n = draw(st.integers(0, 4))

@@ -238,3 +238,15 @@ def test_evaluate_split_and_page_retrieval_agree(tmp_path):
         guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": [{"id": i} for i in ids]}]}) + "\n")
         results[name] = evaluate_files(str(gold), str(guess), ["rprec", "recall@2", "precision@2"])
     assert results["split"] == results["pages"] == {"rprec": 0.0, "recall@2": 100.0, "precision@2": 50.0}
+
+
+def test_k_beyond_the_retrieved_passages_is_warned(tmp_path, capsys):
+    from rag_plugin.evaluation.scoring import evaluate_files
+
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text(json.dumps({"id": "q1", "input": "q?", "output": [{"answer": "a", "provenance": [{"id": "G"}]}]}) + "\n")
+    guess = tmp_path / "guess.jsonl"
+    guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": [{"id": "X"}, {"id": "G"}]}]}) + "\n")
+    assert evaluate_files(str(gold), str(guess), ["recall@20", "precision@2"]) == {"recall@20": 100.0, "precision@2": 50.0}
+    err = capsys.readouterr().err
+    assert "recall@20 looks at 20 passages" in err and "more than 2" in err and "precision@2" not in err

@@ -326,3 +326,24 @@ def test_gold_with_empty_question_keeps_indices(tmp_path, capfd):
     gen.write_text("D-0\t-1\tx\nD-1\t-1\ty\nD-2\t-1\tnope\n", encoding="utf-8")
     assert evaluate_files(str(path), str(gen), ["em"]) == {"em": pytest.approx(200 / 3, abs=1e-3)}
     assert "empty question" not in capfd.readouterr().err
+
+
+def test_s_lines_must_show_the_gold_questions():
+    """Predictions are aligned with the gold file by position: a gold file of other questions (another
+    split of the same size) is refused; a question the generator's vocabulary spelled differently
+    (case, spacing, an unknown character) in a minority of lines is not."""
+    from rag_plugin.evaluation.readers import GoldExample, _align_fairseq, parse_fairseq_lines
+
+    gold = [GoldExample(f"id{i}", q, ["a"], [[]]) for i, q in
+            enumerate(["Who wrote Hamlet?", "Capital of São Tomé?", "Where is Rira?"])]
+
+    def out(sources):
+        lines = []
+        for i, src in enumerate(sources):
+            lines += [f"S-{i}\t{src}", f"H-{i}\t-0.1\ta", f"D-{i}\t-0.1\ta"]
+        return parse_fairseq_lines(list(enumerate(lines, 1)), "gen.out")
+
+    ok = _align_fairseq("gen.out", out(["who wrote hamlet ?", "Capital of S ⁇ o Tom ⁇ ?", "Where is Rira?"]), gold)
+    assert [g.answer for g in ok] == ["a", "a", "a"]
+    with pytest.raises(UserError, match="3 of 3 S- lines do not show their gold record's question.*the same split"):
+        _align_fairseq("gen.out", out(["Who is Delo?", "What flows?", "Name a lake."]), gold)

@@ -285,7 +285,7 @@ def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_
         float(log_s["nll_loss"]) / sample["ntokens"] / math.log(2), abs=1e-3)
     no_gold = {k: v for k, v in sample.items() if k != "gold_rows"}
     crit = MarginalNLLCriterion(task, best_checkpoint_metric="gold_doc_prob")
-    with torch.no_grad(), pytest.raises(UserError, match="gold_doc_prob needs gold passages"):
+    with torch.no_grad(), pytest.raises(UserError, match="gold_doc_prob needs retrieved documents and gold passages"):
         crit(model, no_gold)
     crit(model.train(), no_gold)  # training batches need none
 
@@ -331,3 +331,17 @@ def test_targets_are_cut_at_the_decoders_length_only_with_a_warning(tiny_world, 
     assert "1 of 1 targets are longer than the decoder's 64 positions" in caplog.text
     assert len(ds[0]["target"]) == 64 and ds[0]["target"][-1] == task.dictionary.eos()
     assert ds.sizes[0] == len(ds[0]["question"]) + 64
+
+
+def test_gold_ids_missing_from_the_knowledge_source_are_reported(tiny_world, caplog):
+    import logging
+
+    task = _task(tiny_world, n_docs=3)
+    store = task.knowledge.passages
+    with caplog.at_level(logging.WARNING):
+        assert task.gold_rows([["wiki0"], ["wiki1"]]) is None  # none resolves: as if the data named none
+    assert "2 of 2 records name gold passages none of which is in the knowledge source" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        rows = task.gold_rows([[store.id(3)], ["wiki1"], []])
+    assert rows[:, 0].tolist() == [3, -1, -1] and "1 of 2 records" in caplog.text

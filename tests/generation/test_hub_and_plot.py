@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -61,5 +62,13 @@ def test_hub_hot_swap_drops_the_checkpoints_search_settings(tiny_world, trained,
     rag = RAG.from_pretrained(str(ckpt), knowledge=str(tiny_world["ks"]), n_docs=2)
     assert rag.task.cfg.nprobe is None
     assert len(rag.generate(["What is the capital of Kakaka?"], beam=1, max_len_b=3)[0]["provenance"]) == 2
+    # RAG-Token: fairseq's search returns the whole beam; nbest keeps the best ones
+    assert [len(rag.generate(["What is the capital of Kakaka?"], beam=4, nbest=n, max_len_b=3)[0]["alternatives"])
+            for n in (1, 3)] == [0, 2]
     with pytest.raises(UserError, match="--nprobe applies to IVF indexes only"):
         RAG.from_pretrained(str(ckpt), knowledge=str(tiny_world["ks"]), n_docs=2, nprobe=8)
+    # --knowledge typed relative to where fairseq-train ran: the model's own record (resolved) finds it
+    state["cfg"]["task"]["nprobe"] = None
+    state["cfg"]["task"]["knowledge"] = "w/ks"
+    torch.save(state, ckpt)
+    assert RAG.from_pretrained(str(ckpt), n_docs=2).task.cfg.knowledge == str(Path(tiny_world["ks"]).resolve())
