@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - older Pythons
     import sre_parse as _P
 
 from rag_plugin.errors import UserError
-from rag_plugin.evaluation.metrics import compile_answer_pattern
+from rag_plugin.evaluation.metrics import answer_patterns, compile_answer_pattern
 from rag_plugin.io_utils import atomic_path, atomic_write_json, decoded_lines
 
 logger = logging.getLogger(__name__)
@@ -175,11 +175,8 @@ def record_patterns(obj: dict) -> Optional[List[str]]:
     meta = obj.get("meta") or {}
     if not meta.get("answer_is_regex"):
         return None
-    kept = meta.get("answer_pattern")
-    if kept is not None:
-        return [kept] if isinstance(kept, str) else [str(x) for x in kept]
-    return [o["answer"] for o in obj.get("output") or [] if isinstance(o, dict) and isinstance(o.get("answer"), str)
-            and o["answer"].strip()]
+    return answer_patterns(meta, [o["answer"] for o in obj.get("output") or []
+                                  if isinstance(o, dict) and isinstance(o.get("answer"), str) and o["answer"].strip()])
 
 
 def rewrite_record(obj: dict, patterns: List[str], answers: List[str], target_from: str) -> dict:

@@ -9,7 +9,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from rag_plugin.errors import UserError
 from rag_plugin.io_utils import decoded_lines
@@ -26,6 +26,7 @@ class QARecord:
     answers: List[str]
     provenance: List[str] = field(default_factory=list)  # gold passage ids
     meta: dict = field(default_factory=dict)
+    line: Optional[int] = None  # line in the file it was read from
 
 
 def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool = False) -> List[QARecord]:
@@ -83,7 +84,7 @@ def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool =
                             provenance.append(str(pid))
             if require_answers and not answers:
                 raise UserError("no answer in 'output'", path=str(p), line=lineno, fix=FIX)
-            records.append(QARecord(rid, question, answers, provenance, obj.get("meta") or {}))
+            records.append(QARecord(rid, question, answers, provenance, obj.get("meta") or {}, lineno))
     if not records:
         raise UserError("data file holds no records", path=str(p), fix="check the file")
     return records

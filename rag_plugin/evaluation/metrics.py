@@ -101,6 +101,16 @@ def compile_answer_pattern(pattern: str) -> Optional["re.Pattern"]:
         return None
 
 
+def answer_patterns(meta: dict, answers: Sequence[str]) -> List[str]:
+    """The answer patterns of a regex record: ``meta.answer_pattern`` (kept there by
+    ``scripts/curatedtrec_targets.py``, which puts concrete strings in the answers), else the
+    answers themselves (as ``prepare_curatedtrec.py`` writes them)."""
+    kept = meta.get("answer_pattern")
+    if kept is None:
+        return list(answers)
+    return [kept] if isinstance(kept, str) else [str(x) for x in kept]
+
+
 def _split_patterns(golds: GoldAliases, nfd: bool = False):
     """(compiled patterns, patterns that do not compile)."""
     compiled, literal = [], []
@@ -440,15 +450,11 @@ def answer_in_top_k(passage_texts: Sequence[Optional[str]], golds: GoldAliases, 
         raise ValueError("k must be positive")
     if regex:
         compiled, literal = _split_patterns(golds, nfd=True)
-        literal_needles = [f" {a} " for a in (normalize_answer(g) for g in literal) if a]
         for text in list(passage_texts)[:k]:
-            text = text or ""
-            nfd = unicodedata.normalize("NFD", text)
+            nfd = unicodedata.normalize("NFD", text or "")
             if any(c.search(nfd) is not None for c in compiled):
                 return 1.0
-            if literal_needles and any(n in f" {normalize_answer(text)} " for n in literal_needles):
-                return 1.0
-        return 0.0
+        return answer_in_top_k(passage_texts, literal, k) if literal else 0.0  # broken patterns: as aliases
     needles = [f" {a} " for a in (normalize_answer(g) for g in _aliases(golds)) if a]
     for text in list(passage_texts)[:k]:
         hay = f" {normalize_answer(text or '')} "

@@ -33,6 +33,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.errors import UserError
+from rag_plugin.evaluation.metrics import answer_patterns
 from rag_plugin.io_utils import decoded_lines
 
 FORMATS = ("auto", "kilt", "fairseq")
@@ -63,13 +64,8 @@ class GoldExample:
 
     @property
     def patterns(self) -> List[str]:
-        """The answer patterns of a regex record: ``meta.answer_pattern`` (kept there by
-        ``scripts/curatedtrec_targets.py``, which puts concrete strings in the answers), else
-        the answers themselves (as ``prepare_curatedtrec.py`` writes them)."""
-        kept = self.meta.get("answer_pattern")
-        if kept is None:
-            return list(self.answers)
-        return [kept] if isinstance(kept, str) else list(kept)
+        """The answer patterns of a regex record (:func:`metrics.answer_patterns`)."""
+        return answer_patterns(self.meta, self.answers)
 
 
 @dataclass

@@ -12,12 +12,23 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from types import FrameType
+from typing import IO, Dict, Iterator, List, Optional
 
 import torch
 
 from rag_plugin import marginalization as M
 from rag_plugin.generation.adapters import teacher_forced_token_lp
+
+
+def caller_frames(depth: int = 2) -> Iterator[FrameType]:
+    """The frames of the calling stack, from ``sys._getframe(depth)`` as the function that calls this
+    one counts it (2: its caller's caller) outwards. fairseq's command-line mains keep what the task
+    is not handed (the output stream, the whole config, fairseq-interactive's batch ids) in locals."""
+    frame = sys._getframe(depth + 1)  # + 1: this generator's own frame
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 def output_stream(depth: int = 2) -> IO:
@@ -26,12 +37,10 @@ def output_stream(depth: int = 2) -> IO:
     fairseq-generate's loop keeps it in a local ``output_file`` (stdout, or the file under
     ``--results-path``); provenance lines go to the same place.
     """
-    frame = sys._getframe(depth)
-    while frame is not None:
+    for frame in caller_frames(depth):
         stream = frame.f_locals.get("output_file")
         if stream is not None and hasattr(stream, "write"):
             return stream
-        frame = frame.f_back
     return sys.stdout
 
 
@@ -41,13 +50,11 @@ def cli_option(name: str, depth: int = 2, generate_only: bool = False):
     whole config in a local ``cfg`` (fairseq hands the task only the task, generation and BPE
     configs); ``generate_only``: fairseq-generate's frame only, the one :func:`output_stream`
     finds. None outside those commands."""
-    frame = sys._getframe(depth)
-    while frame is not None:
+    for frame in caller_frames(depth):
         local = frame.f_locals
         common_eval = getattr(local.get("cfg"), "common_eval", None)
         if common_eval is not None and (not generate_only or local.get("output_file") is not None):
             return getattr(common_eval, name, None)
-        frame = frame.f_back
     return None
 
 
@@ -55,14 +62,12 @@ def interactive_ids(batch_size: int, depth: int = 2) -> Optional[List[int]]:
     """The ids fairseq-interactive prints for the batch being decoded (``S-<id>``, ``H-<id>``):
     ``start_id + batch.ids``, read from its main function's frame (it hands the task a sample
     without ids). None outside fairseq-interactive."""
-    frame = sys._getframe(depth)
-    while frame is not None:
+    for frame in caller_frames(depth):
         local = frame.f_locals
         batch, start = local.get("batch"), local.get("start_id")
         ids = getattr(batch, "ids", None)
         if isinstance(start, int) and torch.is_tensor(ids) and ids.numel() == batch_size:
             return [start + int(i) for i in ids.tolist()]
-        frame = frame.f_back
     return None
 
 
@@ -120,8 +125,9 @@ def token_doc_posteriors(rag, sample, hypos, rows, doc_lp, tokenizer, store) -> 
 class _JsonlOutput:
     """A JSON-lines file written while generating: into ``<path>.partial`` (replaced at the
     first write of this run, never appended to an old run's; missing folders are made), renamed
-    onto ``path`` once it is complete (an old run's complete file stays until then): when every one of ``expected`` samples is in it, or (``expected`` unknown, as in
-    fairseq-interactive) when the process ends normally. A run that fails or is killed leaves
+    onto ``path`` once it is complete (an old run's complete file stays until then): when every
+    one of ``expected`` samples is in it, or (``expected`` unknown, as in fairseq-interactive)
+    when the process ends normally. A run that fails or is killed leaves
     only the ``.partial`` file, never a ``path`` that looks complete."""
 
     def __init__(self, path: str, expected: Optional[int]):

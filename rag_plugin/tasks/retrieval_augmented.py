@@ -327,7 +327,7 @@ class RetrievalAugmentedTask(FairseqTask):
         kind = getattr(self.tokenizer, "kind", None)
         if post == "sentencepiece" and kind == "sentencepiece":
             return _PieceCodec(self.tokenizer, already_text=True)
-        if post in ("letter", "wordpiece", "_EOW") or post == "sentencepiece":
+        if post in ("letter", "wordpiece", "_EOW", "sentencepiece"):  # sentencepiece here: over GPT-2 ids
             raise UserError(f"--post-process {post} does not apply to this knowledge source's {kind} tokens",
                             fix="leave --post-process out: D lines are text already"
                                 + (", or use --post-process sentencepiece" if kind == "sentencepiece" else ""))
@@ -374,14 +374,10 @@ def _computing_loss() -> bool:
     """Whether fairseq-train (its validation subsets) or fairseq-validate is loading data: there
     the targets of every split are loss targets. fairseq-generate, or a caller from Python,
     only needs the questions of an evaluation split (answers are scored from the gold file)."""
-    import sys
+    from rag_plugin.generation.provenance import caller_frames
 
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") in ("fairseq_cli.train", "fairseq_cli.validate"):
-            return True
-        frame = frame.f_back
-    return False
+    return any(frame.f_globals.get("__name__") in ("fairseq_cli.train", "fairseq_cli.validate")
+               for frame in caller_frames(1))
 
 
 def _refuse_regex_targets(records, path: Path) -> None:
@@ -392,20 +388,11 @@ def _refuse_regex_targets(records, path: Path) -> None:
            if r.meta.get("answer_is_regex") and r.meta.get("answer_pattern") is None]
     if not bad:
         return
-    line = None
-    with open(path, "rb") as fh:  # record i is the i-th non-blank line (read_kilt skips blank ones)
-        seen = -1
-        for lineno, raw in enumerate(fh, 1):
-            if raw.strip():
-                seen += 1
-                if seen == bad[0]:
-                    line = lineno
-                    break
     data = path.parent
     what = "training target" if path.stem == "train" else "target of the validation loss"
     raise UserError(f"{len(bad)} of {len(records)} records have regular-expression answers "
                     f"(meta.answer_is_regex, CuratedTrec) and no concrete target, e.g. {records[bad[0]].id!r}: "
-                    f"the pattern itself would be the {what}", path=str(path), line=line,
+                    f"the pattern itself would be the {what}", path=str(path), line=records[bad[0]].line,
                     fix=f"run scripts/curatedtrec_targets.py --data {data} --knowledge KS_DIR, which takes each "
                         f"pattern's most frequent match in the retrieved passages as the target as the paper "
                         f"does, and train on its output")
