@@ -463,9 +463,11 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                             fix="pass --passages with .tsv (DPR layout) or .jsonl files")
     fingerprint = settings.fingerprint()
     mode, recorded = _check_out_dir(out, fingerprint, restart)
+    identity = None  # the encoder's identity, computed once (it hashes the weights)
     if mode != "new" and precomputed is None:  # the vectors there must be this encoder's
         encoder = encoder if encoder is not None else load_encoder(settings.encoder)
-        _check_same_encoder(out, mode, recorded, passage_side(encoder.identity()))
+        identity = encoder.identity()
+        _check_same_encoder(out, mode, recorded, passage_side(identity))
     if mode == "done":
         log(f"{out}: knowledge source is up to date")
         return KnowledgeSource(str(out))
@@ -482,7 +484,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                         "generator's tokenizer", fix="pass --dict and the subword model files as well")
     if precomputed is None:
         encoder = encoder if encoder is not None else load_encoder(settings.encoder)
-        fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(encoder.identity())}
+        identity = identity if identity is not None else encoder.identity()
+        fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(identity)}
     state = out / BUILD_DIR
     shards = state / "shards"
     shards.mkdir(parents=True, exist_ok=True)
@@ -516,10 +519,11 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         else:
             precomputed.dim = int(np.load(shards / f"{starts[0]:012d}.npy", mmap_mode="r").shape[1])
         encoder, todo = precomputed, []
+        identity = encoder.identity()
     dim = int(encoder.dim)
     if not getattr(settings, "index_file", None):  # refuse a bad --index-factory now, not after embedding
         faiss_index.check_factory(settings.index_factory, dim, n)
-    reuse = _VectorReuse(reuse_vectors_from, encoder.identity()) if reuse_vectors_from else None
+    reuse = _VectorReuse(reuse_vectors_from, identity) if reuse_vectors_from else None
     bar = None
     if progress and todo:
         from tqdm import tqdm
@@ -593,7 +597,6 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                 tok_files[key] = name
 
     # 6. the manifest, last
-    identity = encoder.identity()
     manifest = {
         "format": FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
