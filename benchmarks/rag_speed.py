@@ -486,7 +486,7 @@ def main() -> int:
     results["wall_s"] = time.perf_counter() - t_start
     table = markdown(results)
     results["markdown"] = table
-    from rag_plugin.io_utils import atomic_write_json, atomic_write_text
+    from rag_plugin.util.io import atomic_write_json, atomic_write_text
 
     atomic_write_json(args.json_out, results)
     if args.md_out:

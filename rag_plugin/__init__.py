@@ -6,7 +6,7 @@
 """
 import sys
 
-from rag_plugin.errors import install_excepthook, install_fairseq_usage_errors
+from rag_plugin.util.errors import install_excepthook, install_fairseq_usage_errors
 
 __version__ = "0.1.0"
 
@@ -34,9 +34,9 @@ def _quiet_fairseq_noise() -> None:
 
 
 def _register_fairseq_parts() -> None:
-    from rag_plugin.checkpoints import allow_fairseq_checkpoints, guard_fairseq_checkpoints
+    from rag_plugin.util.safe_load import allow_fairseq_checkpoints, guard_fairseq_checkpoints
 
-    from rag_plugin.distributed import bound_collective_waits
+    from rag_plugin.fairseq_hooks.distributed import bound_collective_waits
 
     _quiet_fairseq_noise()
     allow_fairseq_checkpoints()

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 
 class RAG:

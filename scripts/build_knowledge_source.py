@@ -12,7 +12,7 @@ hf-dpr:DIR) is refused, never mixed or called up to date.
 import argparse
 import sys
 
-from rag_plugin.errors import cli_main
+from rag_plugin.util.errors import cli_main
 from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
 
 
@@ -48,7 +48,7 @@ def main(argv=None):
     import torch
 
     from rag_plugin.retrieval.index import set_faiss_threads
-    from rag_plugin.input_format import InputFormat
+    from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
 
     if args.threads:

@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from rag_plugin.errors import cli_main  # noqa: E402
+from rag_plugin.util.errors import cli_main  # noqa: E402
 
 
 def parse_args(argv=None):

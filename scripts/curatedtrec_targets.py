@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from rag_plugin.errors import cli_main  # noqa: E402
+from rag_plugin.util.errors import cli_main  # noqa: E402
 
 
 @cli_main
@@ -38,7 +38,7 @@ def main(argv=None):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
-    from rag_plugin.data.curatedtrec import derive_targets
+    from rag_plugin.datasets.curatedtrec import derive_targets
 
     summary = derive_targets(args.data, args.knowledge, k=args.k, out=args.out, splits=args.splits,
                              bm25=args.bm25, batch_size=max(1, args.batch_size),

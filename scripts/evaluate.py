@@ -20,11 +20,11 @@ import argparse
 import json
 import sys
 
-from rag_plugin.errors import cli_main
+from rag_plugin.util.errors import cli_main
 from rag_plugin.evaluation.cli import ArgumentParser
 from rag_plugin.evaluation.readers import FORMATS
 from rag_plugin.evaluation.scoring import TASKS, default_metrics, evaluate_files, parse_metrics
-from rag_plugin.io_utils import atomic_write_json
+from rag_plugin.util.io import atomic_write_json
 
 
 @cli_main

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from rag_plugin.errors import cli_main  # noqa: E402
+from rag_plugin.util.errors import cli_main  # noqa: E402
 from rag_plugin.retrieval.tokenization import add_tokenizer_arguments  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def parse_args(argv=None):
 @cli_main
 def main(argv=None):
     args = parse_args(argv)
-    from rag_plugin.conversion.hf_knowledge import import_hf_knowledge
+    from rag_plugin.build.hf_knowledge import import_hf_knowledge
     from rag_plugin.retrieval.index import set_faiss_threads
 
     set_faiss_threads(args.threads)

@@ -30,12 +30,12 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from rag_plugin.errors import UserError, cli_main
+from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.evaluation.cli import ArgumentParser, parse_pairs
 from rag_plugin.evaluation.readers import FORMATS, read_gold
 from rag_plugin.evaluation.scoring import (TASKS, canonical_metric, default_metrics, evaluate_files,
                                            metric_label, parse_metrics)
-from rag_plugin.io_utils import atomic_write_json, atomic_write_text
+from rag_plugin.util.io import atomic_write_json, atomic_write_text
 
 CONFIG_KEYS = {"gold", "task", "metrics", "passages", "guess_format", "systems", "results"}
 

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from rag_plugin.errors import UserError, cli_main
-from rag_plugin.io_utils import atomic_write_text
+from rag_plugin.util.errors import UserError, cli_main
+from rag_plugin.util.io import atomic_write_text
 
 
 @cli_main
@@ -29,7 +29,7 @@ def main(argv=None):
                     help="denoise: reconstruct corrupted passages (closed book); pseudo-questions: a run of a "
                          "passage's words -> its title or the words that follow (train with retrieval)")
     args = ap.parse_args(argv)
-    from rag_plugin.data.denoising import denoising_records, pseudo_question_records
+    from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
     store = KnowledgeSource(args.knowledge).passages

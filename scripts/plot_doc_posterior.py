@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from rag_plugin.errors import UserError, cli_main
-from rag_plugin.io_utils import atomic_path
+from rag_plugin.util.errors import UserError, cli_main
+from rag_plugin.util.io import atomic_path
 
 
 def load_record(path: str, sample):

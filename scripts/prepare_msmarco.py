@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """Prepare MS-MARCO v2.1 for rag_plugin (see docs/datasets.md; `--help` lists the options).
 
-A thin wrapper around rag_plugin.data.prepare.msmarco_main: bad input -> one `error:` line, exit 2.
+A thin wrapper around rag_plugin.datasets.prepare.msmarco_main: bad input -> one `error:` line, exit 2.
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from rag_plugin.data.prepare import msmarco_main  # noqa: E402
-from rag_plugin.errors import cli_main  # noqa: E402
+from rag_plugin.datasets.prepare import msmarco_main  # noqa: E402
+from rag_plugin.util.errors import cli_main  # noqa: E402
 
 
 @cli_main

@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from rag_plugin.errors import UserError, cli_main
-from rag_plugin.io_utils import decoded_lines
+from rag_plugin.util.errors import UserError, cli_main
+from rag_plugin.util.io import decoded_lines
 
 
 def read_questions(path: str):

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.knowledge import BuildSettings, KnowledgeSource, build_knowledge_source
 from rag_plugin.retrieval.retriever import DenseRetriever
 from tests.conftest import HashingEncoder, synthetic_passages, write_jsonl

@@ -1,4 +1,4 @@
-"""rag_plugin.marginalization against brute force that enumerates documents explicitly.
+"""rag_plugin.core.marginalization against brute force that enumerates documents explicitly.
 
 The reference values are computed in plain Python floats (float64) with explicit loops
 over documents k and positions t (and, for RAG-Token, over all K^T per-token document
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag_plugin import marginalization as M
+from rag_plugin.core import marginalization as M
 
 DT = torch.float64
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -654,7 +654,7 @@ def test_hyp_document_permutation_and_identical_documents(shape):
 
 
 # ----------------------------------------------------------------------------- per-token decompositions
-from rag_plugin.marginalization import rag_sequence_positional_scores, rag_token_positional_scores  # noqa: E402
+from rag_plugin.core.marginalization import rag_sequence_positional_scores, rag_token_positional_scores  # noqa: E402
 
 
 def test_sequence_positional_scores_telescope_to_the_marginal():

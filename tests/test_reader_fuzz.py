@@ -1,6 +1,6 @@
 """Hypothesis fuzzing of the readers of user files: whatever bytes a file holds, reading it
 either works (and what comes back is consistent) or raises the documented one-line
-:class:`~rag_plugin.errors.UserError` naming the file. No other exception escapes.
+:class:`~rag_plugin.util.errors.UserError` naming the file. No other exception escapes.
 
 * passage files (``.tsv`` in DPR's layout, ``.jsonl``) -> :func:`read_passages`, and the passage
   store written from what was read reads back the same;
@@ -20,7 +20,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -154,7 +154,7 @@ def test_gold_and_kilt_guesses(data):
 @given(_files(st.one_of(KILT_LINE, st.builds(lambda q, a: f"{q}\t{a}", WORDS, st.sampled_from(["['a', 'b']", '["x"]']))),
               st.one_of(KILT_BAD, st.builds(lambda q, a: f"{q}\t{a}", TEXT, st.sampled_from(["[1]", "'s'", "[", ""])))))
 def test_converter_readers(data):
-    from rag_plugin.data.prepare import iter_dpr_qas, iter_jsonl
+    from rag_plugin.datasets.prepare import iter_dpr_qas, iter_jsonl
 
     _only_user_errors(lambda p: list(iter_jsonl(p)), _written("in.jsonl", data))
     rows = _only_user_errors(lambda p: list(iter_dpr_qas(p)), _written("qas.csv", data))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import rag_plugin
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 rag_plugin.register()
 
@@ -61,7 +61,7 @@ def test_hub_refuses(evil_checkpoint):
 def test_generator_initialisation_refuses(evil_checkpoint, tiny_world):
     from fairseq.data import Dictionary
 
-    from rag_plugin.checkpoints import safe_torch_load
+    from rag_plugin.util.safe_load import safe_torch_load
     from rag_plugin.models.generator import build_bart, load_generator_weights
 
     path, marker = evil_checkpoint

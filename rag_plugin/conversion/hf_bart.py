@@ -13,7 +13,7 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 #: Special token ids fairseq's Dictionary fixes (and BART's tokenizer uses).
 SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2}

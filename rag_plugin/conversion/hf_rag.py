@@ -21,7 +21,7 @@ Output (``--out``; written into a temporary folder beside it, renamed when compl
     conversion.json      what was converted and the settings the knowledge source needs
 
 The ``hf`` input format (default) reproduces the reference implementation's generator input
-exactly (see :mod:`rag_plugin.input_format`); a knowledge source imported with
+exactly (see :mod:`rag_plugin.core.input_format`); a knowledge source imported with
 ``--rag-checkpoint DIR`` (``scripts/import_hf_knowledge.py``) is pre-tokenized for it.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from rag_plugin.conversion import hf_bart
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json, atomic_write_text
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text
 
 VARIANTS = {"RagTokenForGeneration": "token", "RagSequenceForGeneration": "sequence"}
 ARCHS = {"token": "rag_token", "sequence": "rag_seq"}
@@ -65,7 +65,7 @@ def _load_file(path: Path) -> Dict[str, torch.Tensor]:
             return load_file(str(path))
         except Exception as err:  # safetensors raises its own error types
             raise UserError(f"cannot read safetensors file ({str(err)[:120]})", path=str(path)) from None
-    from rag_plugin.checkpoints import safe_torch_load
+    from rag_plugin.util.safe_load import safe_torch_load
 
     state = safe_torch_load(path)
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
@@ -200,7 +200,7 @@ def convert_hf_rag(hf_dir: str, out_dir: str, input_format: str = "hf", variant:
 
     Every input is checked before fairseq is imported, so bad input costs seconds and gives one line.
     """
-    from rag_plugin.input_format import InputFormat
+    from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval.encoders import load_encoder
 
     src = Path(hf_dir)

@@ -15,8 +15,8 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
-from rag_plugin import marginalization as M
-from rag_plugin.errors import UserError
+from rag_plugin.core import marginalization as M
+from rag_plugin.util.errors import UserError
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import decoded_lines
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import decoded_lines
 
 logger = logging.getLogger(__name__)
 

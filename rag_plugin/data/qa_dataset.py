@@ -77,7 +77,7 @@ class RetrievalQADataset(FairseqDataset):
             sizes = self.sizes[np.asarray(indices, dtype=np.int64)]
             longest = int(np.argmax(sizes))
             if int(sizes[longest]) > max_tokens:
-                from rag_plugin.errors import UserError
+                from rag_plugin.util.errors import UserError
 
                 index = int(indices[longest])
                 name = f"example {index}" + (f" (id {self.record_ids[index]!r})" if self.record_ids else "")

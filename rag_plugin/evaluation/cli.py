@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Tuple
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):

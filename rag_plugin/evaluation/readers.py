@@ -16,7 +16,7 @@ Guesses, in either format (``fmt="auto"`` tells them apart by the first non-blan
   ``E-``, ``I-``, ``W-``), fairseq's summary line and log lines are ignored; a line that
   starts like an ``S/T/H/D/P/Z`` line but is malformed is an error (file:line).
 
-Every problem is a :class:`~rag_plugin.errors.UserError` naming the file (and line): missing
+Every problem is a :class:`~rag_plugin.util.errors.UserError` naming the file (and line): missing
 or extra ids, an index outside the gold file, duplicate records, an empty guess file,
 malformed lines. Nothing is silently skipped.
 """
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from rag_plugin.data.kilt import read_kilt
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation.metrics import answer_patterns
-from rag_plugin.io_utils import decoded_lines
+from rag_plugin.util.io import decoded_lines
 
 FORMATS = ("auto", "kilt", "fairseq")
 MAX_LISTED = 5  # ids named in an error message

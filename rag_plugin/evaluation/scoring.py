@@ -29,7 +29,7 @@ import sys
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation import metrics as M
 from rag_plugin.evaluation.readers import GoldExample, Guess, MAX_LISTED, passage_texts
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from fairseq.models import FairseqEncoder, FairseqIncrementalDecoder
 
-from rag_plugin import marginalization as M
+from rag_plugin.core import marginalization as M
 
 _SEARCH_KEYS = ("doc_lp", "beams")  # entries of the adapters' encoder output that are not BART's
 

@@ -17,7 +17,7 @@ from typing import IO, Dict, Iterator, List, Optional
 
 import torch
 
-from rag_plugin import marginalization as M
+from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import teacher_forced_token_lp
 
 

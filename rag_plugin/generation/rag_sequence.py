@@ -26,7 +26,7 @@ from typing import Dict, List, Tuple
 import torch
 from fairseq.tasks import FairseqTask
 
-from rag_plugin import marginalization as M
+from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, score_candidates
 
 DECODINGS = ("thorough", "fast")

@@ -2,12 +2,12 @@
 
 Per-token scores are the model's own decomposition of log p(y|x): the RAG-Token
 transition for ``rag_token``; the chain rule of the RAG-Sequence marginal for ``rag_seq``
-(see :func:`rag_plugin.marginalization.rag_sequence_positional_scores`). The score is their
+(see :func:`rag_plugin.core.marginalization.rag_sequence_positional_scores`). The score is their
 sum divided by the length, as fairseq's SequenceScorer reports it.
 """
 import torch
 
-from rag_plugin import marginalization as M
+from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import RagGeneratorBase
 
 

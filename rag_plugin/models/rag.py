@@ -9,7 +9,7 @@ Per batch of B questions and K documents::
     logits = BART(src, prev_output_tokens)      [B*K, T, V]
 
 The criterion and the generators marginalise over documents with
-:mod:`rag_plugin.marginalization`. The two registered models differ only in ``variant``.
+:mod:`rag_plugin.core.marginalization`. The two registered models differ only in ``variant``.
 With ``n_docs == 0`` the model is the closed-book BART baseline (no retrieval).
 """
 
@@ -23,8 +23,8 @@ import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 
-from rag_plugin import input_format
-from rag_plugin.errors import UserError
+from rag_plugin.core import input_format
+from rag_plugin.util.errors import UserError
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class RagConfig(FairseqDataclass):
         default="plugin", metadata={"help": "generator input: plugin ('<s> question </s> title </s> passage </s>') or "
                                             "hf (the reference RAG's '<s> title / passage // question </s>', for "
                                             "converted Hugging Face checkpoints); the knowledge source must be "
-                                            "pre-tokenized for the same format (see rag_plugin/input_format.py)"})
+                                            "pre-tokenized for the same format (see rag_plugin/core/input_format.py)"})
     max_target_positions: int = field(default=128, metadata={"help": "generator output length"})
 
 

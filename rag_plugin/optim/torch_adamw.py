@@ -35,7 +35,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 #: dtypes and devices torch's fused AdamW accepts; anything else steps with its foreach loop.
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 __all__ = [
     "BertConfig",

@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path
 
 
 def _faiss():

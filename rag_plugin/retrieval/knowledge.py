@@ -18,11 +18,11 @@ max_length, pooling, ...): other weights behind the same ``--encoder`` are refus
 
 Hooks of :func:`build_knowledge_source` for sources that are not (only) text files to embed:
 ``collection`` (passages from another reader, e.g. a Hugging Face dataset), ``precomputed``
-(:class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`: document vectors computed
+(:class:`~rag_plugin.build.precomputed.PrecomputedVectors`: document vectors computed
 elsewhere, placed by passage id, in place of an encoder) and ``BuildSettings.index_file`` (an
 existing FAISS index over the same rows, checked and used instead of building one);
 ``BuildSettings.input_format`` says which generator input format the passages are
-pre-tokenized for (see :mod:`rag_plugin.input_format`)."""
+pre-tokenized for (see :mod:`rag_plugin.core.input_format`)."""
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +36,8 @@ from typing import Callable, Iterable, List, Optional, Union
 
 import numpy as np
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path, atomic_write_json, atomic_write_text, sha256_file
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text, sha256_file
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.passages import PassageStore, read_collection
 
@@ -213,7 +213,7 @@ class KnowledgeSource:
 
     @property
     def input_format(self):
-        """The :class:`~rag_plugin.input_format.InputFormat` the passages were pre-tokenized for."""
+        """The :class:`~rag_plugin.core.input_format.InputFormat` the passages were pre-tokenized for."""
         return self.passages.input_format
 
     @property
@@ -447,10 +447,10 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     vectors are copied for unchanged passages (an updated collection re-embeds only what changed).
     ``collection``: a callable returning the passages (:class:`Passage` items) in place of
     reading ``settings.passages`` (which still name the input files, for the fingerprint).
-    ``precomputed``: a :class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`, document
+    ``precomputed``: a :class:`~rag_plugin.build.precomputed.PrecomputedVectors`, document
     vectors computed elsewhere, in place of ``encoder``.
     """
-    from rag_plugin.input_format import InputFormat
+    from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval.encoders import load_encoder
     from rag_plugin.retrieval.tokenization import load_generator_tokenizer
 
@@ -570,7 +570,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
 
     # 4. the index (or an existing one over the same rows: checked, then copied)
     if settings.index_file:
-        from rag_plugin.retrieval.precomputed import use_index_file
+        from rag_plugin.build.precomputed import use_index_file
 
         index = use_index_file(settings.index_file, vectors, log)
         index_factory = f"imported {type(faiss_index._faiss().downcast_index(index)).__name__}"

@@ -19,8 +19,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_write_json
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_write_json
 
 STORE_FORMAT = "rag_plugin.passages/1"
 STRING_FIELDS = ("ids", "titles", "texts")
@@ -288,8 +288,8 @@ class PassageStore:
 
     @property
     def input_format(self):
-        """The :class:`~rag_plugin.input_format.InputFormat` the token fields were made for."""
-        from rag_plugin.input_format import InputFormat
+        """The :class:`~rag_plugin.core.input_format.InputFormat` the token fields were made for."""
+        from rag_plugin.core.input_format import InputFormat
 
         return InputFormat.from_identity(self.meta.get("input_format"))
 
@@ -336,10 +336,10 @@ class PassageStore:
 
         ``tokenizer`` (a :class:`~rag_plugin.retrieval.tokenization.GeneratorTokenizer`) pre-
         tokenizes titles and texts; without it the token fields are empty (BM25/dense search
-        only, no generation). ``input_format`` (an :class:`~rag_plugin.input_format.InputFormat`,
+        only, no generation). ``input_format`` (an :class:`~rag_plugin.core.input_format.InputFormat`,
         default ``plugin``) decides which strings are pre-tokenized; it is recorded in the store.
         """
-        from rag_plugin.input_format import InputFormat
+        from rag_plugin.core.input_format import InputFormat
 
         fmt = input_format or InputFormat()
         final = Path(directory)

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore

@@ -17,8 +17,8 @@ import hashlib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import sha256_file
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import sha256_file
 
 SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
 BOS, PAD, EOS, UNK = 0, 1, 2, 3

@@ -19,7 +19,7 @@ from omegaconf import II
 
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.data.qa_dataset import RetrievalQADataset
-from rag_plugin.errors import REPLACE_UNK, UserError
+from rag_plugin.util.errors import REPLACE_UNK, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class RetrievalAugmentedTask(FairseqTask):
 
     def build_dataset(self, questions, targets=None, record_ids=None, gold_rows=None) -> RetrievalQADataset:
         """Pre-tokenize questions (query encoder + generator) and targets once, in the input format
-        of the knowledge source (:mod:`rag_plugin.input_format`)."""
+        of the knowledge source (:mod:`rag_plugin.core.input_format`)."""
         fmt = self.input_format
         q_enc = None
         if self.text_encoder is not None:

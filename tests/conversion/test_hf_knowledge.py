@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.conversion.hf_knowledge import import_hf_knowledge
-from rag_plugin.errors import UserError
+from rag_plugin.build.hf_knowledge import import_hf_knowledge
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.encoders import build_random_encoder, save_hf_dpr
 from rag_plugin.retrieval.index import search
 from tests.conversion import hf_world

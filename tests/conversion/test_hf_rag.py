@@ -21,7 +21,7 @@ from tests.conversion import hf_world
 T = hf_world.transformers()  # skips the module without transformers
 
 import rag_plugin  # noqa: E402
-from rag_plugin.errors import UserError  # noqa: E402
+from rag_plugin.util.errors import UserError  # noqa: E402
 
 rag_plugin.register()
 
@@ -46,7 +46,7 @@ def _import_kwargs(world):
 
 @pytest.fixture(scope="module")
 def converted(world):
-    from rag_plugin.conversion.hf_knowledge import import_hf_knowledge
+    from rag_plugin.build.hf_knowledge import import_hf_knowledge
     from rag_plugin.conversion.hf_rag import convert_hf_rag
 
     out = {}
@@ -209,7 +209,7 @@ def test_fairseq_generate_reproduces_reference_answers(world, converted, tmp_pat
 def test_generator_tokenizer_and_hf_input_format_are_exact(world, converted):
     """The converted BPE files tokenize like the reference's tokenizer, and the hf format's
     per-passage pieces concatenate to exactly the BPE of the reference's whole input string."""
-    from rag_plugin.input_format import InputFormat
+    from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval.tokenization import load_generator_tokenizer
 
     d = converted["token"]["dir"]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rag_plugin.data.curatedtrec import (derive_targets, expand_pattern, match_counts, most_frequent_match,
+from rag_plugin.datasets.curatedtrec import (derive_targets, expand_pattern, match_counts, most_frequent_match,
                                          rewrite_record)
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 FLINT = r"Charles\s+Flint|Flint"

@@ -1,4 +1,4 @@
-"""Dataset converters (rag_plugin.data.prepare, scripts/prepare_*.py) on small fixtures written
+"""Dataset converters (rag_plugin.datasets.prepare, scripts/prepare_*.py) on small fixtures written
 here in each official format, as the released files look (see docs/datasets.md for sources)."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.data import prepare
+from rag_plugin.datasets import prepare
 from rag_plugin.data.kilt import read_kilt
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
-"""Self-supervised pretraining records from passages (rag_plugin.data.denoising)."""
+"""Self-supervised pretraining records from passages (rag_plugin.datasets.denoising)."""
 import re
 
-from rag_plugin.data.denoising import clause_start, denoising_records, pseudo_question_records
+from rag_plugin.datasets.denoising import clause_start, denoising_records, pseudo_question_records
 from rag_plugin.retrieval.passages import Passage
 
 # Words w<i>_<j>; every 7th ends a clause (a full stop or a comma), so answers stop early.

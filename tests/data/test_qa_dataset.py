@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from rag_plugin.data.qa_dataset import RetrievalQADataset
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 
 def _dataset():

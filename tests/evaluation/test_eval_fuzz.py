@@ -5,7 +5,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation.readers import (GoldExample, _align_fairseq, check_fairseq_examples,
                                            parse_fairseq_lines)
 

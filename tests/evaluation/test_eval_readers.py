@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation.readers import (detect_format, parse_fairseq_lines, read_fairseq_generate,
                                            read_gold, read_guesses, read_kilt_guesses)
 from rag_plugin.evaluation.scoring import (canonical_metric, default_metrics, evaluate, evaluate_files,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rag_plugin
-from rag_plugin import input_format
+from rag_plugin.core import input_format
 
 rag_plugin.register()
 
@@ -251,7 +251,7 @@ def test_dense_checkpoint_serves_closed_book_but_not_the_reverse(tiny_world):
     """fairseq-generate --n-docs 0 (or --retriever bm25) on a checkpoint trained with dense retrieval:
     the same generator, the query encoder left out; a closed-book checkpoint under dense retrieval
     would leave the query encoder random: a one-line error."""
-    from rag_plugin.errors import UserError
+    from rag_plugin.util.errors import UserError
 
     dense = _model(RagTokenModel, _task(tiny_world, n_docs=3))
     closed = _model(RagTokenModel, _task(tiny_world, n_docs=0), seed=5)
@@ -268,7 +268,7 @@ def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_
     target tokens); the logged loss is per sample_size, nll per token. --best-checkpoint-metric
     gold_doc_prob on a valid set without provenance: a one-line error, not fairseq's KeyError."""
     from fairseq import metrics
-    from rag_plugin.errors import UserError
+    from rag_plugin.util.errors import UserError
 
     task = _task(tiny_world, n_docs=3)
     model = _model(RagTokenModel, task).eval()
@@ -295,7 +295,7 @@ def test_checkpoint_records_the_generator_vocabulary_and_refuses_another(tiny_wo
     other symbols: the weights would load) is a one-line error; the same vocabulary loads."""
     import json as _json
 
-    from rag_plugin.errors import UserError
+    from rag_plugin.util.errors import UserError
 
     task = _task(tiny_world, n_docs=3)
     model = _model(RagTokenModel, task)

@@ -115,7 +115,7 @@ def test_killed_rank_makes_the_other_fail_fast(tiny_world, tmp_path):
 
 def test_hung_rank_times_out_with_heartbeat_timeout(tiny_world, tmp_path):
     """SIGSTOP keeps rank 1's connections open: only a timeout can free rank 0. With
-    --heartbeat-timeout 6 it is the process group's timeout too (rag_plugin.distributed)."""
+    --heartbeat-timeout 6 it is the process group's timeout too (rag_plugin.fairseq_hooks.distributed)."""
     procs, record = _start_ranks(tiny_world, tmp_path, "SIGSTOP", extra=["--heartbeat-timeout", "6"])
     rc, out, err, seconds = _survivor(procs, record, limit=240)
     assert rc not in (0, None), (out + err)[-3000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -16,7 +16,7 @@ rag_plugin.register()
 
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from rag_plugin import input_format  # noqa: E402
+from rag_plugin.core import input_format  # noqa: E402
 from rag_plugin.hub import RAG  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.hub import RAG
 from tests.conftest import ROOT
 from tests.generation.test_decoding import _exact_retrieval

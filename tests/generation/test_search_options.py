@@ -19,7 +19,7 @@ from fairseq.dataclass.configs import GenerationConfig
 from fairseq.tasks import FairseqTask
 from omegaconf import OmegaConf
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.generation import provenance
 from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
 from tests.generation.test_decoding import _forced_log_probs, _gen, _setup, _teacher_forced

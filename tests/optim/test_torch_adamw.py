@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from fairseq.optim.adam import Adam as FairseqAdamImpl
 
 import rag_plugin
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig, fusable, parse_betas
 
 from tests.fairseq_parts.test_training import _args, _load, _run, _updates

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval import encoders as enc
 from rag_plugin.retrieval.encoders import (BertConfig, BiEncoderTower, build_random_encoder,
                                            load_encoder, save_hf_dpr)

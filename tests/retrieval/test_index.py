@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval import index as fi
 
 

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.knowledge import BuildSettings, KnowledgeSource, build_knowledge_source
 from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
 from tests.conftest import ROOT, HashingEncoder, synthetic_passages, write_jsonl

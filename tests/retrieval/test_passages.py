@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.passages import Passage, PassageStore, read_passages, split_passage
 from tests.conftest import write_jsonl
 

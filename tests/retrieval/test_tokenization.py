@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.tokenization import BOS, EOS, PAD, UNK, GeneratorTokenizer, read_dictionary
 
 

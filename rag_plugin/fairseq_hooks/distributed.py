@@ -6,7 +6,7 @@ in a collective for that long. fairseq's ``--heartbeat-timeout N`` ("kill the jo
 is made in N seconds") only interrupts Python code, not a wait inside gloo. With the plugin
 loaded, ``--heartbeat-timeout N`` also becomes the process group's timeout: a collective that
 waits more than N seconds for another rank fails, and the rank exits with a one-line message
-(:func:`rag_plugin.errors.lost_rank_message`). A rank that dies outright (its connections
+(:func:`rag_plugin.util.errors.lost_rank_message`). A rank that dies outright (its connections
 close) is noticed at the next collective without waiting for any timeout.
 
 Choose N above the longest time one rank may legitimately make the others wait (a validation

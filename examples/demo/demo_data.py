@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from rag_plugin.errors import UserError
-from rag_plugin.data.vocab import make_readable
-from rag_plugin.io_utils import atomic_path, sha256_file
+from rag_plugin.util.errors import UserError
+from rag_plugin.datasets.vocab import make_readable
+from rag_plugin.util.io import atomic_path, sha256_file
 
 FORMAT_VERSION = "rag_plugin.demo/2"  # 2: hot-swap test entities held out of every training split
 
@@ -956,7 +956,7 @@ def build_demo(out_dir, seed: int = 0, config: DemoConfig = DemoConfig(), force:
             put(f"{name}/{s}.jsonl", data.datasets[name][s])
 
     if config.build_spm:
-        from rag_plugin.data.vocab import train_spm, write_fairseq_dict_from_spm
+        from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
 
         log(f"training SentencePiece ({config.spm_model_type}, vocab {config.spm_vocab_size})")
         train_spm(spm_training_text(data), out / "spm.model", out / "spm.vocab",

@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Iterable, List, Union
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path
 
 PathLike = Union[str, os.PathLike]
 

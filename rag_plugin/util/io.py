@@ -48,8 +48,8 @@ def atomic_write_json(path: PathLike, obj) -> None:
 
 def decoded_lines(fh, path) -> Iterator[Tuple[int, str]]:
     """``(line number, text)`` of an open binary file, line ends kept; a line that is not
-    UTF-8 is a one-line :class:`~rag_plugin.errors.UserError` naming the file and line."""
-    from rag_plugin.errors import UserError
+    UTF-8 is a one-line :class:`~rag_plugin.util.errors.UserError` naming the file and line."""
+    from rag_plugin.util.errors import UserError
 
     for lineno, raw in enumerate(fh, 1):
         try:
@@ -76,8 +76,8 @@ def first_invalid_utf8_line(path: PathLike) -> Tuple[int, int]:
 
 
 def utf8_error(path: PathLike):
-    """The one-line :class:`~rag_plugin.errors.UserError` for a file that is not UTF-8."""
-    from rag_plugin.errors import UserError
+    """The one-line :class:`~rag_plugin.util.errors.UserError` for a file that is not UTF-8."""
+    from rag_plugin.util.errors import UserError
 
     try:
         lineno, start = first_invalid_utf8_line(path)

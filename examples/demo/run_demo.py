@@ -3,7 +3,7 @@
 generation -> evaluation -> leaderboard, plus the index hot-swap test, the per-token document
 posterior plot and the K sweep (the paper's Figure 3).
 
-    python scripts/run_demo.py [--work runs/demo] [--pretrain-updates N] [--pseudo-updates N] [--updates N] ...
+    python examples/demo/run_demo.py [--work runs/demo] [--pretrain-updates N] [--pseudo-updates N] [--updates N] ...
 
 Every step runs the same command a user would (printed as it runs), writes under --work
 (data under data/demo) and is skipped when its output is already complete, so a rerun after
@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from rag_plugin.errors import UserError, cli_main  # noqa: E402
-from rag_plugin.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
+from rag_plugin.util.errors import UserError, cli_main  # noqa: E402
+from rag_plugin.util.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DATA = ROOT / "data" / "demo"
@@ -78,7 +78,7 @@ class Demo:
         if proc.returncode != 0:
             where = f" (log: {log_file})" if log_file else ""
             raise UserError(f"step failed with exit status {proc.returncode}: {shown[:200]}{where}",
-                            fix="read the log; rerun scripts/run_demo.py to continue from this step")
+                            fix="read the log; rerun examples/demo/run_demo.py to continue from this step")
 
     def step(self, name: str):
         demo = self
@@ -98,7 +98,7 @@ class Demo:
     # ------------------------------------------------------------------ steps
     def data_and_knowledge(self) -> None:
         with self.step("demo data from installed packages"):
-            self.run([sys.executable, "scripts/prepare_demo_data.py", "--out", DATA])
+            self.run([sys.executable, "examples/demo/prepare_demo_data.py", "--out", DATA])
         with self.step("knowledge source: Wikipedia summaries + countryinfo, MiniLM, exact MIPS"):
             self.run([sys.executable, "scripts/build_knowledge_source.py", "--passages", DATA / "wiki_passages.jsonl",
                       DATA / "countries_countryinfo.jsonl", "--out", KS, "--encoder", "minilm",
@@ -313,7 +313,7 @@ class Demo:
         self.results["total_s"] = round(time.perf_counter() - started, 1)
         self.results["machine"] = _machine()
         self.results["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        self.results["command"] = "make demo  (python scripts/run_demo.py)"
+        self.results["command"] = "make demo  (python examples/demo/run_demo.py)"
         atomic_write_json(ROOT / "RESULTS.json", self.results)
         atomic_write_text(ROOT / "RESULTS.md", _results_markdown(self.results, self.work))
         self.log(f"\nRESULTS.md and RESULTS.json written ({self.results['total_s'] / 60:.1f} min in all)")
@@ -346,7 +346,7 @@ def _plot_sweep(sweep: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rag_plugin.io_utils import atomic_path
+    from rag_plugin.util.io import atomic_path
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
     for name, rows in sweep.items():

@@ -15,7 +15,7 @@ Output is all-or-nothing: the splits are written into a hidden temporary directo
 ``--out`` and renamed onto it only when every split is complete and non-empty, so a failed
 run leaves nothing behind. Inputs are streamed (large JSON arrays and MS-MARCO's columnar
 JSON included) and may be gzip-compressed (``.gz``). Bad input raises
-:class:`~rag_plugin.errors.UserError` naming the file and line.
+:class:`~rag_plugin.util.errors.UserError` naming the file and line.
 
 Converters (one per dataset, see ``docs/datasets.md`` for the commands):
 
@@ -57,8 +57,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_write_json, decoded_lines, utf8_error
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_write_json, decoded_lines, utf8_error
 
 PathLike = Union[str, os.PathLike]
 
@@ -1385,7 +1385,7 @@ def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_fil
 
     The knowledge-source builder does the work (:func:`rag_plugin.retrieval.knowledge.build_knowledge_source`,
     same layout, same resume rules) with its ``precomputed`` hook: the vectors are placed on the
-    passage store's rows by passage id (:class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`)
+    passage store's rows by passage id (:class:`~rag_plugin.build.precomputed.PrecomputedVectors`)
     instead of being embedded.
 
     The manifest's encoder identity is ``encoder_identity`` (a dict, a JSON string or file;
@@ -1394,12 +1394,12 @@ def import_precomputed_vectors(out_dir: PathLike, passages: PathLike, vector_fil
     query encoder is loaded from. Vector ids have a ``wiki:`` prefix removed (newer DPR
     releases). Vectors for ids outside the passages file are ignored (counted); passages
     without a vector are an error listing a few ids. ``input_format`` (an
-    :class:`~rag_plugin.input_format.InputFormat`) is the generator input format the passages
+    :class:`~rag_plugin.core.input_format.InputFormat`) is the generator input format the passages
     are pre-tokenized for (default ``plugin``); ``index_file`` an existing FAISS index over the
     passages in file order, used instead of building one (``BuildSettings.index_file``).
     """
     from rag_plugin.retrieval import knowledge as ks
-    from rag_plugin.retrieval.precomputed import PrecomputedVectors
+    from rag_plugin.build.precomputed import PrecomputedVectors
 
     _require_file(passages, "passages file")
     inputs = check_vector_inputs(vector_files, ids_files, trust_pickles)
@@ -1578,7 +1578,7 @@ def psgs_w100_main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    from rag_plugin.input_format import InputFormat
+    from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval.index import set_faiss_threads
 
     set_faiss_threads(args.threads)

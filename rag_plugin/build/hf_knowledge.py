@@ -12,7 +12,7 @@ Two input forms:
   checked against the vectors, then copied;
 * DPR's ``psgs_w100.tsv`` (``id<TAB>text<TAB>title``) with DPR's embedding pickles
   (``--trust-pickles``) or ``.npy`` arrays + ids files (see
-  :func:`rag_plugin.data.prepare.import_precomputed_vectors`).
+  :func:`rag_plugin.datasets.prepare.import_precomputed_vectors`).
 
 Both go through the knowledge builder (:func:`~rag_plugin.retrieval.knowledge.build_knowledge_source`:
 same layout, manifest last, resumable) with its ``collection``/``precomputed`` hooks. With
@@ -28,7 +28,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.passages import Passage
 
 REQUIRED = ("title", "text", "embeddings")
@@ -162,7 +162,7 @@ def iter_passages(kind: str, files: Sequence[Path], has_id: bool) -> Iterator[Pa
 
 
 def iter_vectors(kind: str, files: Sequence[Path], has_id: bool):
-    """``(ids, vectors [B, D], file)`` batches for :class:`~rag_plugin.retrieval.precomputed.PrecomputedVectors`."""
+    """``(ids, vectors [B, D], file)`` batches for :class:`~rag_plugin.build.precomputed.PrecomputedVectors`."""
     row = 0
     columns = ["id", "embeddings"] if has_id else ["embeddings"]
     for f in files:
@@ -185,10 +185,10 @@ def import_hf_knowledge(out_dir: str, dataset: Optional[str] = None, passages: O
                         index_factory: str = "Flat", train_size: int = 100_000, seed: int = 0,
                         shard_size: int = 65536, restart: bool = False, progress: bool = True, log=print):
     """Import a knowledge source (see the module docstring); returns the loaded KnowledgeSource."""
-    from rag_plugin.data import prepare
-    from rag_plugin.input_format import InputFormat
+    from rag_plugin.datasets import prepare
+    from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval import knowledge as ks
-    from rag_plugin.retrieval.precomputed import PrecomputedVectors
+    from rag_plugin.build.precomputed import PrecomputedVectors
 
     if (dataset is None) == (passages is None):
         raise UserError("pass either --dataset (a Hugging Face dataset) or --passages with --vectors (DPR's TSV)")

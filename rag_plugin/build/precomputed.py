@@ -18,8 +18,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rag_plugin.errors import UserError
-from rag_plugin.io_utils import atomic_path
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.passages import PassageStore
 

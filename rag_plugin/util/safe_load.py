@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rag_plugin.errors import UserError
+from rag_plugin.util.errors import UserError
 
 
 def checkpoint_safe_globals() -> list:
@@ -91,7 +91,7 @@ def _atomic_copyfile(src: str, dst: str) -> str:
     """Copy ``src`` onto ``dst`` through a temporary file beside ``dst`` and a rename."""
     import shutil
 
-    from rag_plugin.io_utils import atomic_path
+    from rag_plugin.util.io import atomic_path
 
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
