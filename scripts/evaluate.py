@@ -21,7 +21,7 @@ import json
 import sys
 
 from rag_plugin.util.errors import cli_main
-from rag_plugin.evaluation.cli import ArgumentParser
+from rag_plugin.cli.common import ArgumentParser
 from rag_plugin.evaluation.readers import FORMATS
 from rag_plugin.evaluation.scoring import TASKS, default_metrics, evaluate_files, parse_metrics
 from rag_plugin.util.io import atomic_write_json

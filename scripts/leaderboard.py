@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from rag_plugin.util.errors import UserError, cli_main
-from rag_plugin.evaluation.cli import ArgumentParser, parse_pairs
+from rag_plugin.cli.common import ArgumentParser, parse_pairs
 from rag_plugin.evaluation.readers import FORMATS, read_gold
 from rag_plugin.evaluation.scoring import (TASKS, canonical_metric, default_metrics, evaluate_files,
                                            metric_label, parse_metrics)
