@@ -3,14 +3,17 @@
 fairseq checkpoints hold omegaconf containers (and, for argparse-era models such as the
 released BART, an ``argparse.Namespace``). Instead of switching safe loading off, the exact
 types they need are allow-listed here; anything else in a pickle (a function, a class that
-runs code on load) is refused by torch.
+runs code on load) is refused by torch. The one allow-list and the one safe loader of the plugin:
+encoders, converters, the hub and the fairseq command-line hooks all load through here.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import typing
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -27,15 +30,12 @@ def checkpoint_safe_globals() -> list:
             dict, list, int, collections.defaultdict, argparse.Namespace]
 
 
-def allow_fairseq_checkpoints() -> None:
-    """Register the allow-list with torch (idempotent); fairseq's own loader then works.
-
-    On a distributed resume rank 0 broadcasts the checkpoint with fairseq's tensor
-    placeholders, which the other ranks unpickle: allowed too.
-    """
-    from fairseq.distributed.utils import _TensorPlaceholder
-
-    torch.serialization.add_safe_globals(checkpoint_safe_globals() + [_TensorPlaceholder])
+@contextlib.contextmanager
+def checkpoint_types_allowed() -> Iterator[None]:
+    """While active, ``torch.load(weights_only=True)`` (fairseq's own loader too) accepts the types of
+    :func:`checkpoint_safe_globals`; torch's global allow-list is left as it was."""
+    with torch.serialization.safe_globals(checkpoint_safe_globals()):
+        yield
 
 
 def safe_torch_load(path, map_location="cpu"):
@@ -48,17 +48,6 @@ def safe_torch_load(path, map_location="cpu"):
             return torch.load(p, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises UnpicklingError/RuntimeError for unsafe or bad files
         raise checkpoint_load_error(p, err) from None
-
-
-# ---------------------------------------------------------------------------------- fairseq's own loading
-def _from_torch_load(tb) -> bool:
-    """Whether a traceback went through torch's deserializer (the file, not our code, is bad)."""
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("torch/serialization.py") or "/torch/_weights_only_unpickler" in name:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def torch_load_reason(err: BaseException) -> str:
@@ -85,89 +74,3 @@ def checkpoint_load_error(path, err: BaseException) -> UserError:
     return UserError(f"checkpoint is unreadable or truncated ({reason})", path=str(path),
                      fix="re-save it, or use another checkpoint (to resume: copy the newest complete "
                          "checkpoint*.pt of the save dir onto checkpoint_last.pt)")
-
-
-def _atomic_copyfile(src: str, dst: str) -> str:
-    """Copy ``src`` onto ``dst`` through a temporary file beside ``dst`` and a rename."""
-    import shutil
-
-    from rag_plugin.util.io import atomic_path
-
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
-    return dst
-
-
-def guard_fairseq_checkpoints() -> None:
-    """Wrap fairseq's checkpoint functions so that, for every fairseq command line and
-    :mod:`rag_plugin.hub`:
-
-    * a missing, truncated or unreadable checkpoint (``--path``, ``--restore-file``,
-      ``checkpoint_last.pt`` on resume) is a one-line :class:`UserError` naming the file;
-    * a checkpoint whose pickle refers to code (refused by ``weights_only=True``) is one too;
-    * an explicit ``--restore-file`` that does not exist is an error, not a silent fresh start
-      (fairseq would train from scratch and then overwrite ``checkpoint_last.pt``);
-    * the copies fairseq makes of a just-saved checkpoint (``checkpoint_last.pt``,
-      ``checkpoint_best.pt`` beside an epoch checkpoint) land atomically, like the first file
-      (fairseq writes that one to ``<name>.tmp`` and renames it; the others it copied in place,
-      so a kill during the copy left a truncated ``checkpoint_last.pt``).
-
-    Idempotent.
-    """
-    import os
-
-    from fairseq import checkpoint_utils
-    from fairseq.file_io import PathManager
-
-    if getattr(checkpoint_utils, "_rag_plugin_guarded", False):
-        return
-    load_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
-    load_ensemble = checkpoint_utils.load_model_ensemble_and_task
-    load_for_training = checkpoint_utils.load_checkpoint
-
-    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-        local = PathManager.get_local_path(path)
-        if not os.path.exists(local):
-            raise UserError("checkpoint not found", path=str(path), fix="check the path (--path / --restore-file)")
-        try:
-            return load_to_cpu(path, arg_overrides, load_on_all_ranks)
-        except Exception as err:
-            if _from_torch_load(err.__traceback__):
-                raise checkpoint_load_error(path, err) from None
-            raise
-
-    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
-                                     num_shards=1, state=None):
-        if state is None and not suffix and num_shards == 1:
-            for filename in filenames:
-                if not PathManager.exists(filename):
-                    raise UserError("checkpoint not found", path=str(filename),
-                                    fix="check --path (several checkpoints are separated by ':')")
-        return load_ensemble(filenames, arg_overrides, task, strict, suffix, num_shards, state)
-
-    def load_checkpoint(cfg, trainer, **passthrough_args):
-        restore = getattr(cfg, "restore_file", "checkpoint_last.pt")
-        if restore != "checkpoint_last.pt" and not getattr(cfg, "finetune_from_model", None):
-            suffix = getattr(trainer, "checkpoint_suffix", "") or ""
-            path = restore.replace(".pt", suffix + ".pt") if suffix else restore
-            if not PathManager.exists(path):
-                raise UserError("--restore-file not found", path=str(path),
-                                fix="check the path; leave --restore-file out to resume from "
-                                    "SAVE_DIR/checkpoint_last.pt (or start fresh when there is none)")
-        return load_for_training(cfg, trainer, **passthrough_args)
-
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
-    checkpoint_utils.load_checkpoint = load_checkpoint
-
-    plain_copy = PathManager.copy
-
-    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-        if (PathManager.path_requires_pathmanager(src_path) or PathManager.path_requires_pathmanager(dst_path)
-                or (not overwrite and os.path.exists(dst_path))):
-            return plain_copy(src_path, dst_path, overwrite)
-        _atomic_copyfile(src_path, dst_path)
-        return True
-
-    PathManager.copy = staticmethod(copy)
-    checkpoint_utils._rag_plugin_guarded = True
