@@ -7,7 +7,9 @@
         print(r["answer"], r["provenance"][0]["title"], r["provenance"][0]["p"])
 
 In the manner of fairseq's hub interfaces; it drives the same task, model and generators as
-``fairseq-generate``.
+``fairseq-generate``. A library: it installs no hook, changes no global state of the host process
+(logging, warnings, excepthook, torch's allow-list), and reports bad input as a
+:class:`~rag_plugin.util.errors.UserError` that the caller may catch; it never ends the process.
 """
 import json
 from pathlib import Path
@@ -16,6 +18,25 @@ from typing import List, Optional, Sequence
 import torch
 
 from rag_plugin.util.errors import UserError
+
+
+def load_fairseq_checkpoint(path: str) -> dict:
+    """fairseq's own checkpoint loader under ``weights_only=True`` with the plugin's allow-list in scope
+    only (torch's global allow-list is not changed); a missing, truncated or unsafe file is a one-line
+    :class:`UserError`."""
+    from fairseq import checkpoint_utils
+
+    from rag_plugin.util.safe_load import checkpoint_load_error, checkpoint_types_allowed
+
+    if not Path(path).is_file():
+        raise UserError("checkpoint not found", path=path, fix="pass the path of a checkpoint*.pt")
+    try:
+        with checkpoint_types_allowed():
+            return checkpoint_utils.load_checkpoint_to_cpu(path)
+    except UserError:
+        raise
+    except Exception as err:  # torch: UnpicklingError / RuntimeError / EOFError for unsafe or damaged files
+        raise checkpoint_load_error(path, err) from None
 
 
 class RAG:
@@ -29,15 +50,16 @@ class RAG:
                         nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> "RAG":
         """``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index. With ``knowledge`` (a hot
         swap) the checkpoint's own settings, made for its index, are dropped: only these apply."""
+        from rag_plugin.util.quiet_import import import_fairseq_quietly
+
+        import_fairseq_quietly()
         import rag_plugin
 
         rag_plugin.register()
-        from fairseq import checkpoint_utils, tasks
+        from fairseq import tasks
         from omegaconf import open_dict
 
-        if not Path(checkpoint).is_file():
-            raise UserError("checkpoint not found", path=checkpoint, fix="pass the path of a checkpoint*.pt")
-        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+        state = load_fairseq_checkpoint(checkpoint)
         cfg = state["cfg"]
         with open_dict(cfg):
             if knowledge is not None:
@@ -81,6 +103,8 @@ class RAG:
         from fairseq import utils
         from fairseq.dataclass.configs import GenerationConfig
 
+        from rag_plugin.generation.adapters import retrieval_of
+
         args = GenerationConfig(beam=beam, nbest=nbest, max_len_a=0, max_len_b=max_len_b, lenpen=lenpen, **generation)
         generator = self.task.build_generator([self.model], args)
         device = next(self.model.parameters()).device
@@ -94,7 +118,7 @@ class RAG:
             sample = utils.apply_to_sample(lambda t: t.to(device), sample)  # a model moved to a GPU
             with torch.no_grad():
                 hypos = generator.generate([self.model], sample)
-            rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
+            rows, doc_lp = retrieval_of(hypos)
             for i, question in enumerate(chunk):
                 answers = [{"answer": self.tokenizer.decode([t for t in h["tokens"].tolist()]),
                             "score": float(h["score"])} for h in hypos[i][:nbest]]  # fairseq keeps the beam

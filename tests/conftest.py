@@ -67,3 +67,14 @@ def tiny_world(tmp_path_factory):
     from tests.tiny_world import make_world
 
     return make_world(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture(scope="session")
+def command_line_hooks():
+    """The fairseq command-line hooks of rag_plugin.fairseq_hooks, installed in this test process as
+    fairseq-train --user-dir rag_plugin installs them (for tests of the hooks themselves)."""
+    import rag_plugin
+    from rag_plugin import fairseq_hooks
+
+    rag_plugin.register()
+    assert fairseq_hooks.install()

@@ -230,15 +230,13 @@ def test_rerun_of_generate_replaces_provenance_not_appends(runs, tiny_world, tmp
 
     path = tmp_path / "prov.jsonl"
     path.write_text('{"sample_id": 0, "provenance": []}\n')
-    provenance._OUTPUTS.clear()
-    provenance.append_jsonl(str(path), [{"sample_id": 0, "provenance": [{"id": "a"}]}], expected=2)
+    out = provenance.JsonlOutput(str(path), expected=2)
+    out.write([{"sample_id": 0, "provenance": [{"id": "a"}]}])
     assert json.loads(path.read_text())["provenance"] == []          # old file untouched so far
     assert path.with_name("prov.jsonl.partial").is_file()
-    provenance.append_jsonl(str(path), [{"sample_id": 1, "provenance": []}], expected=2)
+    out.write([{"sample_id": 1, "provenance": []}])
     assert not path.with_name("prov.jsonl.partial").exists()
     assert [json.loads(x)["sample_id"] for x in path.read_text().splitlines()] == [0, 1]
-    provenance._OUTPUTS.clear()
     deep = tmp_path / "new" / "folder" / "prov.jsonl"  # a folder that does not exist yet is made
-    provenance.append_jsonl(str(deep), [{"sample_id": 0, "provenance": []}], expected=1)
+    provenance.JsonlOutput(str(deep), expected=1).write([{"sample_id": 0, "provenance": []}])
     assert json.loads(deep.read_text())["sample_id"] == 0
-    provenance._OUTPUTS.clear()

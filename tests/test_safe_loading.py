@@ -1,7 +1,7 @@
 """Files from an untrusted source cannot run code when loaded, and checkpoint copies land whole.
 
 A crafted pickle whose ``__reduce__`` would create a marker file is handed to every loader of
-the plugin: fairseq's own checkpoint loader (as the plugin guards it), ``RAG.from_pretrained``,
+the plugin: fairseq's own checkpoint loader (as the command-line hooks guard it), ``RAG.from_pretrained``,
 the generator initialisation (``--generator-checkpoint``), the DPR encoder loader (what a
 knowledge source's manifest may name), and knowledge sources holding a ``.pkl`` file or an
 object array as ``vectors.npy``. Each refuses with a one-line :class:`UserError`, and the
@@ -38,7 +38,7 @@ def evil_checkpoint(tmp_path):
     return path, marker
 
 
-def test_fairseq_checkpoint_loader_refuses(evil_checkpoint):
+def test_fairseq_checkpoint_loader_refuses(evil_checkpoint, command_line_hooks):
     from fairseq import checkpoint_utils
 
     path, marker = evil_checkpoint
@@ -108,7 +108,7 @@ def test_knowledge_source_holds_no_pickles(tiny_world, tmp_path):
     assert not marker.exists()
 
 
-def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch):
+def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch, command_line_hooks):
     """fairseq copies a just-saved checkpoint to checkpoint_last.pt / checkpoint_best.pt with
     PathManager.copy; guarded, a copy that fails half-way leaves the old file whole and no
     temporary file behind."""

@@ -88,3 +88,21 @@ def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool =
     if not records:
         raise UserError("data file holds no records", path=str(p), fix="check the file")
     return records
+
+
+def regex_target_refusal(records: List[QARecord], path: Path) -> Optional[UserError]:
+    """The error to raise if ``records`` are trained or validated on as they are: regular-expression
+    answers (CuratedTrec: ``meta.answer_is_regex``) whose concrete targets were not derived (no
+    ``meta.answer_pattern``) would teach the generator to write the pattern. The paper takes the most
+    frequent match in the retrieved passages instead. None if every target is concrete."""
+    bad = [i for i, r in enumerate(records)
+           if r.meta.get("answer_is_regex") and r.meta.get("answer_pattern") is None]
+    if not bad:
+        return None
+    what = "training target" if path.stem == "train" else "target of the validation loss"
+    return UserError(f"{len(bad)} of {len(records)} records have regular-expression answers "
+                     f"(meta.answer_is_regex, CuratedTrec) and no concrete target, e.g. {records[bad[0]].id!r}: "
+                     f"the pattern itself would be the {what}", path=str(path), line=records[bad[0]].line,
+                     fix=f"run rag-curatedtrec-targets --data {path.parent} --knowledge KS_DIR, which takes each "
+                         f"pattern's most frequent match in the retrieved passages as the target as the paper "
+                         f"does, and train on its output")

@@ -29,6 +29,8 @@ class RetrievalQADataset(FairseqDataset):
                                 else np.zeros(len(self.src_tokens), dtype=np.int64))
         self._src_sizes = np.array([len(q) for q in self.src_tokens], dtype=np.int64)
         self.max_target = None
+        #: set when the targets must not be trained or validated on (raised by the task's train/valid steps)
+        self.loss_refusal: Optional[Exception] = None
 
     @property
     def max_target(self) -> Optional[int]:
@@ -119,6 +121,8 @@ class RetrievalQADataset(FairseqDataset):
             # round BM25 scores (the prior's logits; bf16 steps of 0.125-0.25 at 16-64); the model takes them as float32
             net_input["fixed_doc_scores"] = torch.from_numpy(self.fixed_scores[idx]).double()
         batch = {"id": ids, "nsentences": len(samples), "net_input": net_input}
+        if self.loss_refusal is not None:
+            batch["loss_refusal"] = self.loss_refusal
         if self.gold_rows is not None:
             batch["gold_rows"] = torch.from_numpy(self.gold_rows[ids.numpy()])
         if self.targets is not None:

@@ -85,15 +85,21 @@ class RetrievingEncoder(FairseqEncoder):
     """Retrieves K documents per question and encodes the B*K generator inputs once.
 
     Its output keeps one row per (question, document) pair for the whole search, plus
-    ``doc_lp`` [N, K] per search row. Keeps the last batch's retrieval (``last["rows"]``
-    [B, K], ``last["doc_lp"]`` [B, K]) for provenance.
+    ``doc_lp`` [N, K] per search row. fairseq's search does not return the encoder's output: the
+    batch's retrieval (``rows`` [B, K], ``doc_lp`` [B, K]) waits in :meth:`take_retrieval` for the
+    generator, which returns it with the hypotheses.
     """
 
     def __init__(self, rag):
         super().__init__(rag.dictionary)
         self.rag = rag
         self.beam = 1
-        self.last: Dict[str, Optional[torch.Tensor]] = {}
+        self._retrieval: Dict[str, Optional[torch.Tensor]] = {}
+
+    def take_retrieval(self) -> Dict[str, Optional[torch.Tensor]]:
+        """The retrieval of the batch just encoded (once)."""
+        retrieval, self._retrieval = self._retrieval, {}
+        return retrieval
 
     def forward_torchscript(self, net_input: Dict[str, torch.Tensor]):
         return self.forward(**net_input)
@@ -103,7 +109,7 @@ class RetrievingEncoder(FairseqEncoder):
         encoder_out, doc_scores, rows = self.rag.encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                         fixed_doc_scores)
         doc_lp = M.doc_log_prior(doc_scores.float())
-        self.last = {"rows": rows, "doc_lp": doc_lp}
+        self._retrieval = {"rows": rows, "doc_lp": doc_lp}
         encoder_out["doc_lp"] = [doc_lp]
         return encoder_out
 
@@ -391,14 +397,34 @@ class SentenceIds:
         return allowed
 
 
+def attach_retrieval(hypos, rows: Optional[torch.Tensor], doc_lp: torch.Tensor) -> None:
+    """Give every hypothesis of sample i its question's documents: ``doc_rows`` (Long [K], passage-store
+    rows; None closed book) and ``doc_log_prior`` ([K], log p(z|x)), in retrieval order."""
+    for i, hyps in enumerate(hypos):
+        for h in hyps:
+            h["doc_rows"] = None if rows is None else rows[i]
+            h["doc_log_prior"] = doc_lp[i]
+
+
+def retrieval_of(hypos):
+    """``(rows [B, K] or None, doc_lp [B, K])`` back from hypotheses that :func:`attach_retrieval` marked
+    (None, None when they carry none)."""
+    firsts = [hyps[0] for hyps in hypos if hyps]
+    if len(firsts) != len(hypos) or not firsts or "doc_log_prior" not in firsts[0]:
+        return None, None
+    doc_lp = torch.stack([h["doc_log_prior"] for h in firsts])
+    rows = None if firsts[0]["doc_rows"] is None else torch.stack([h["doc_rows"] for h in firsts])
+    return rows, doc_lp
+
+
 class RagGeneratorBase:
-    """What fairseq-generate calls: ``generate`` runs ``_generate`` in inference mode and hands
-    back ordinary tensors; ``last_retrieval`` keeps the batch's documents for provenance."""
+    """What fairseq-generate calls: ``generate`` runs ``_generate`` (which returns the hypotheses and the
+    batch's retrieval) in inference mode and hands back hypotheses of ordinary tensors, each carrying
+    its question's documents (:func:`attach_retrieval`)."""
 
     def __init__(self, rag):
         self.rag = rag
         self.symbols_to_strip_from_output = {rag.bos, rag.eos}
-        self.last_retrieval = {}
         self._sentence_ids = SentenceIds()
 
     def cuda(self):
@@ -409,8 +435,11 @@ class RagGeneratorBase:
 
     def generate(self, models, sample, **kwargs):
         with torch.inference_mode():
-            hypos = self._generate(models, sample, **kwargs)
-        return ordinary_tensors(hypos)
+            hypos, retrieval = self._generate(models, sample, **kwargs)
+        hypos = ordinary_tensors(hypos)
+        rows, doc_lp = retrieval.get("rows"), retrieval.get("doc_lp")
+        attach_retrieval(hypos, None if rows is None else rows.clone(), doc_lp.clone())
+        return hypos
 
     def _generate(self, models, sample, **kwargs):
         raise NotImplementedError

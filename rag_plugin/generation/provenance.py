@@ -5,70 +5,21 @@ Line format (tab-separated), one per retrieved document, best first (none with `
     Z-<sample id>\t<rank>\t<p(z|x)>\t<passage id>\t<title>
 
 and, optionally, JSON lines with the same facts (``--provenance-out``) and RAG-Token's
-per-token document posterior (``--doc-posterior-out``; the paper's Figure 2).
+per-token document posterior (``--doc-posterior-out``; the paper's Figure 2). The documents come
+with the hypotheses (:func:`rag_plugin.generation.adapters.retrieval_of`); the task owns the
+streams and files they are written to.
 """
 import atexit
 import json
 import os
 import sys
 from pathlib import Path
-from types import FrameType
-from typing import IO, Dict, Iterator, List, Optional
+from typing import List, Optional
 
 import torch
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import teacher_forced_token_lp
-
-
-def caller_frames(depth: int = 2) -> Iterator[FrameType]:
-    """The frames of the calling stack, from ``sys._getframe(depth)`` as the function that calls this
-    one counts it (2: its caller's caller) outwards. fairseq's command-line mains keep what the task
-    is not handed (the output stream, the whole config, fairseq-interactive's batch ids) in locals."""
-    frame = sys._getframe(depth + 1)  # + 1: this generator's own frame
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
-
-
-def output_stream(depth: int = 2) -> IO:
-    """The stream fairseq-generate prints its S/T/H/D/P lines to (else stdout).
-
-    fairseq-generate's loop keeps it in a local ``output_file`` (stdout, or the file under
-    ``--results-path``); provenance lines go to the same place.
-    """
-    for frame in caller_frames(depth):
-        stream = frame.f_locals.get("output_file")
-        if stream is not None and hasattr(stream, "write"):
-            return stream
-    return sys.stdout
-
-
-def cli_option(name: str, depth: int = 2, generate_only: bool = False):
-    """An option of the running fairseq-generate or fairseq-interactive (``cfg.common_eval.<name>``,
-    e.g. ``quiet``, ``post_process``), read from the frame of its main function, which keeps the
-    whole config in a local ``cfg`` (fairseq hands the task only the task, generation and BPE
-    configs); ``generate_only``: fairseq-generate's frame only, the one :func:`output_stream`
-    finds. None outside those commands."""
-    for frame in caller_frames(depth):
-        local = frame.f_locals
-        common_eval = getattr(local.get("cfg"), "common_eval", None)
-        if common_eval is not None and (not generate_only or local.get("output_file") is not None):
-            return getattr(common_eval, name, None)
-    return None
-
-
-def interactive_ids(batch_size: int, depth: int = 2) -> Optional[List[int]]:
-    """The ids fairseq-interactive prints for the batch being decoded (``S-<id>``, ``H-<id>``):
-    ``start_id + batch.ids``, read from its main function's frame (it hands the task a sample
-    without ids). None outside fairseq-interactive."""
-    for frame in caller_frames(depth):
-        local = frame.f_locals
-        batch, start = local.get("batch"), local.get("start_id")
-        ids = getattr(batch, "ids", None)
-        if isinstance(start, int) and torch.is_tensor(ids) and ids.numel() == batch_size:
-            return [start + int(i) for i in ids.tolist()]
-    return None
 
 
 def z_lines(sample_ids: List[int], rows: Optional[torch.Tensor], doc_lp: Optional[torch.Tensor], store) -> List[str]:
@@ -122,7 +73,7 @@ def token_doc_posteriors(rag, sample, hypos, rows, doc_lp, tokenizer, store) -> 
     return out
 
 
-class _JsonlOutput:
+class JsonlOutput:
     """A JSON-lines file written while generating: into ``<path>.partial`` (replaced at the
     first write of this run, never appended to an old run's; missing folders are made), renamed
     onto ``path`` once it is complete (an old run's complete file stays until then): when every
@@ -164,16 +115,3 @@ class _JsonlOutput:
     def _at_exit(self) -> None:
         if not self.done and getattr(sys, "last_value", None) is None:  # no uncaught exception
             self.finish()
-
-
-_OUTPUTS: Dict[str, _JsonlOutput] = {}
-
-
-def append_jsonl(path: str, records: List[dict], expected: Optional[int] = None) -> None:
-    """Add ``records`` (each with a ``sample_id``) to the JSON-lines output ``path`` of this run;
-    ``expected``: how many samples the run generates for (see :class:`_JsonlOutput`)."""
-    key = os.path.abspath(path)
-    out = _OUTPUTS.get(key)
-    if out is None:
-        out = _OUTPUTS[key] = _JsonlOutput(path, expected)
-    out.write(records)

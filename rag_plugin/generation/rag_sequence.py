@@ -59,7 +59,6 @@ class RagSequenceGenerator(RagGeneratorBase):
         encoder_out, doc_scores, rows = self.rag.encode(ni["src_tokens"], ni.get("query_tokens"), ni.get("query_mask"),
                                                         ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"))
         doc_lp = M.doc_log_prior(doc_scores.float())                              # [B, K]
-        self.last_retrieval = {"rows": rows, "doc_lp": doc_lp}
         b, k = doc_lp.shape
         self.search_model.encoder.cached = encoder_out
         pair_sample = {"net_input": {"src_tokens": ni["src_tokens"].repeat_interleave(k, dim=0)}}
@@ -71,7 +70,7 @@ class RagSequenceGenerator(RagGeneratorBase):
         owner, cand_tokens, found = self._union(beams, b, k)
         token_lp = self._score(encoder_out, owner, cand_tokens, found, k)          # [C, K, T]
         positional = M.rag_sequence_positional_scores(token_lp, doc_lp.cpu()[owner])  # [C, T], on the host
-        return self._rank(owner, cand_tokens, positional, b)
+        return self._rank(owner, cand_tokens, positional, b), {"rows": rows, "doc_lp": doc_lp}
 
     @staticmethod
     def _union(beams, b: int, k: int):

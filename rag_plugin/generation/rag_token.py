@@ -29,5 +29,4 @@ class RagTokenGenerator(RagGeneratorBase):
         self._sentence_ids.set(sample)
         search_sample = {key: value for key, value in sample.items() if key != "id"}
         hypos = self.search.generate([self.search_model], search_sample, **kwargs)
-        self.last_retrieval = self.search_model.encoder.last
-        return hypos
+        return hypos, self.search_model.encoder.take_retrieval()

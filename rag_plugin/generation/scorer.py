@@ -25,11 +25,10 @@ class RagScorer(RagGeneratorBase):
             positional = M.rag_sequence_positional_scores(token_lp, doc_lp)
         else:
             positional = M.rag_token_positional_scores(token_lp, doc_lp)
-        self.last_retrieval = {"rows": extra["doc_rows"], "doc_lp": doc_lp}
         hypos = []
         for i in range(b):
             n = int(mask[i].sum())
             pos = positional[i, :n]
             hypos.append([{"tokens": target[i, :n], "score": pos.sum() / max(n, 1), "positional_scores": pos,
                            "alignment": None, "attention": None}])
-        return hypos
+        return hypos, {"rows": extra["doc_rows"], "doc_lp": doc_lp}

@@ -23,7 +23,7 @@ import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 
-from rag_plugin.core import input_format
+from rag_plugin.models.context import RetrievalContext
 from rag_plugin.util.errors import UserError
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
 
@@ -139,16 +139,20 @@ class RagModel(BaseFairseqModel):
 
     variant = "token"
 
-    def __init__(self, cfg: RagConfig, generator, query_encoder: Optional[torch.nn.Module], dictionary):
+    def __init__(self, cfg: RagConfig, generator, query_encoder: Optional[torch.nn.Module], dictionary,
+                 context: RetrievalContext):
         super().__init__()
         self.cfg = cfg
         self.generator = generator
         self.query_encoder = query_encoder
         self.dictionary = dictionary
         self.bos, self.eos, self.pad = dictionary.bos(), dictionary.eos(), dictionary.pad()
-        self.n_docs = 0
-        self.retriever = None          # DenseRetriever or None; attached by the task
-        self.knowledge_identity: Optional[dict] = None  # what this model was trained with
+        self.context = context
+        self.n_docs = context.n_docs
+        self.retriever = context.retriever   # dense, BM25 (rows fixed by the dataset) or None (closed book)
+        self.input_format = context.input_format
+        self.doc_score_scale = context.doc_score_scale
+        self.knowledge_identity: Optional[dict] = dict(context.identity) or None  # what this model is trained with
         if query_encoder is not None and cfg.freeze_query_encoder:
             for p in query_encoder.parameters():
                 p.requires_grad_(False)
@@ -156,8 +160,6 @@ class RagModel(BaseFairseqModel):
             query_encoder.bert_model.embeddings.word_embeddings.weight.requires_grad_(False)
         if query_encoder is not None and not cfg.freeze_query_encoder and cfg.query_encoder_lr_scale != 1.0:
             scale_learning_rate(query_encoder, cfg.query_encoder_lr_scale)
-        self.doc_score_scale = cfg.doc_score_scale or 1.0  # the task sets the automatic value
-        self.input_format = input_format.InputFormat(str(cfg.input_format))  # the task sets the exact one
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -174,8 +176,7 @@ class RagModel(BaseFairseqModel):
         query_encoder = None
         if task.cfg.n_docs > 0 and task.cfg.retriever == "dense":
             query_encoder = cls.build_query_encoder(cfg, task)
-        model = cls(cfg, generator, query_encoder, dictionary)
-        task.attach_retrieval(model)
+        model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg))
         logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
                     f"{count_parameters(generator):,}",
                     f"{count_parameters(query_encoder):,}" if query_encoder is not None else "none",
@@ -211,14 +212,12 @@ class RagModel(BaseFairseqModel):
         grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
         with torch.set_grad_enabled(grad):
             q = self.query_encoder(query_tokens, query_mask)                      # [B, D]
-        from rag_plugin.retrieval.index import step_search_threads
-
-        threads = step_search_threads(self.retriever.knowledge.index, q.size(0), torch.get_num_threads())
-        found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs, threads=threads)
+        found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs,
+                                              compute_threads=torch.get_num_threads(), with_vectors=True)
         rows = torch.from_numpy(found.rows)
         # float32 inner products whatever the model's dtype: under --fp16/--bf16 a 16-bit score would
         # round the prior's logits (bf16 steps of 0.25-0.5 at DPR's scores of 60-90)
-        d = torch.from_numpy(self.retriever.doc_vectors(found.rows)).to(q.device)  # [B, K, D] float32, frozen
+        d = torch.from_numpy(found.vectors).to(q.device)  # [B, K, D] float32, frozen
         scores = torch.bmm(d, q.float().unsqueeze(-1)).squeeze(-1) * self.doc_score_scale  # [B, K]
         return scores, rows
 
@@ -280,8 +279,7 @@ class RagModel(BaseFairseqModel):
 
     def set_extra_state(self, state):
         trained = json.loads(state.get("knowledge") or "{}")
-        if self.retriever is not None and trained.get("encoder"):
-            self.retriever.knowledge.check_encoder(trained["encoder"], what="the checkpoint's document encoder")
+        self.context.check_trained_encoder(trained.get("encoder"))
         self._check_generator_tokenizer(trained.get("tokenizer"))
         saved = state.get("variant")
         if saved and saved != self.variant:  # a resume with another --arch, or a deliberate fine-tune

@@ -1,15 +1,17 @@
-"""Retrievers with one interface: ``search(questions, k) -> Retrieval``.
+"""Retrievers behind one protocol, :class:`Retriever`: a passage ``store`` and
+``search(questions, k) -> Retrieval`` (rows, scores, and for dense retrieval the stored vectors).
 
 * :class:`DenseRetriever`: query encoder + FAISS MIPS index + passage store (the paper's
-  DPR retriever). It also hands back the stored document vectors of the hits, so a model can
-  recompute the scores q.d with a trainable query encoder.
+  DPR retriever). ``search_vectors`` takes query vectors made elsewhere (a model's trainable query
+  encoder) and hands back the stored document vectors of the hits, so the model recomputes the
+  scores q.d with gradients.
 * :class:`BM25Retriever`: lexical BM25 (bm25s) over the same passage store (the paper's
-  BM25 ablation, Table 6).
+  BM25 ablation, Table 6): fixed scores, nothing to train.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -26,6 +28,7 @@ class Retrieval:
     rows: np.ndarray      # int64 [B, k], passage-store rows
     scores: np.ndarray    # float32 [B, k], retrieval scores (inner products or BM25)
     store: PassageStore
+    vectors: Optional[np.ndarray] = None  # float32 [B, k, D], the stored d(z) of the hits (dense, on request)
 
     def ids(self) -> List[List[str]]:
         return [[self.store.id(int(r)) for r in row] for row in self.rows]
@@ -42,6 +45,21 @@ class Retrieval:
                 for row in self.rows]
 
 
+@runtime_checkable
+class Retriever(Protocol):
+    """What the task, the model and the scripts use of any retriever."""
+
+    #: whether the scores come from a query encoder a model can train (dense) or are fixed (BM25)
+    trainable: bool
+
+    @property
+    def store(self) -> PassageStore:
+        """The passages the rows index (ids, titles, texts, pre-tokenized generator ids)."""
+
+    def search(self, questions: Sequence[str], k: int) -> Retrieval:
+        """Top-``k`` passages of each question, best first."""
+
+
 def _check_k(k: int, n: int) -> None:
     if k < 1:
         raise UserError(f"k must be at least 1, got {k}", fix="ask for 1 or more passages")
@@ -52,6 +70,8 @@ def _check_k(k: int, n: int) -> None:
 
 class DenseRetriever:
     """MIPS over a knowledge source with a (query) encoder."""
+
+    trainable = True
 
     def __init__(self, knowledge: KnowledgeSource, encoder=None):
         self.knowledge = knowledge
@@ -74,11 +94,19 @@ class DenseRetriever:
     def store(self) -> PassageStore:
         return self.knowledge.passages
 
-    def search_vectors(self, queries: np.ndarray, k: int, threads: Optional[int] = None) -> Retrieval:
-        """Search with precomputed query vectors [B, D] (``threads``: FAISS threads for this call)."""
+    def search_vectors(self, queries: np.ndarray, k: int, threads: Optional[int] = None,
+                       compute_threads: Optional[int] = None, with_vectors: bool = False) -> Retrieval:
+        """Search with precomputed query vectors [B, D]. ``threads``: FAISS threads for this call;
+        ``compute_threads``: instead, the threads of the computation the search runs inside (a training
+        or decoding step), from which the FAISS threads are chosen (:func:`index.step_search_threads`).
+        ``with_vectors``: also return the stored vectors of the hits."""
         _check_k(k, len(self.knowledge))
+        if threads is None and compute_threads is not None:
+            threads = faiss_index.step_search_threads(self.knowledge.index, len(queries), compute_threads)
         scores, rows = faiss_index.search(self.knowledge.index, queries, k, threads=threads)
-        return Retrieval(rows=rows.astype(np.int64), scores=scores, store=self.store)
+        rows = rows.astype(np.int64)
+        vectors = self.doc_vectors(rows) if with_vectors else None
+        return Retrieval(rows=rows, scores=scores, store=self.store, vectors=vectors)
 
     def search(self, questions: Sequence[str], k: int, batch_size: int = 64) -> Retrieval:
         questions = list(questions)
@@ -98,15 +126,21 @@ class DenseRetriever:
 class BM25Retriever:
     """BM25 (Lucene variant, k1=1.5, b=0.75) over titles and texts of a passage store."""
 
+    trainable = False
+
     def __init__(self, store: PassageStore, k1: float = 1.5, b: float = 0.75,
                  progress: bool = False):
         import bm25s
 
-        self.store = store
+        self._store = store
         corpus = [f"{t} {x}" for t, x in store.iter_titles_texts()]
         tokens = bm25s.tokenize(corpus, stopwords="en", show_progress=progress)
         self._bm25 = bm25s.BM25(k1=k1, b=b)
         self._bm25.index(tokens, show_progress=progress)
+
+    @property
+    def store(self) -> PassageStore:
+        return self._store
 
     @classmethod
     def from_dir(cls, directory: str) -> "BM25Retriever":

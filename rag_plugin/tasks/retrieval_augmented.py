@@ -1,25 +1,35 @@
 """Task ``retrieval_augmented``: question/target data + a knowledge source, for RAG models.
 
-Loads KILT-style JSONL splits from ``DATA/{split}.jsonl``, the knowledge source (passage
+Loads KILT-style JSONL splits from ``DATA/{split}.jsonl`` and the knowledge source (passage
 store, vectors, FAISS index, its document encoder and the generator tokenizer it was
-pre-tokenized with), builds the retriever once per process, and hands it to the model.
+pre-tokenized with), builds the retriever once per process, and hands each model it builds a
+:class:`~rag_plugin.models.context.RetrievalContext`. At generation it prints the retrieved
+documents (Z lines) beside fairseq's, from what the generators return with the hypotheses.
+
+What fairseq does not hand a task reaches it through its config by interpolation
+(``common_eval.quiet``, ``common_eval.post_process``, ``dataset.gen_subset``), and, on the
+fairseq-generate command line, the output stream through :mod:`rag_plugin.fairseq_hooks`.
 """
 
 import logging
+import sys
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
-from rag_plugin.data.kilt import read_kilt
+from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
+from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
-from rag_plugin.util.errors import REPLACE_UNK, UserError
+from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
+from rag_plugin.models.context import RetrievalContext
+from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +38,7 @@ logger = logging.getLogger(__name__)
 class RetrievalAugmentedConfig(FairseqDataclass):
     data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
                                                     "KILT style: {id, input, output: [{answer, provenance}]}"})
-    knowledge: str = field(default="", metadata={"help": "knowledge source directory (scripts/build_knowledge_source.py); "
+    knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
                                                          "at generation time another one with the same document "
                                                          "encoder may be swapped in"})
     n_docs: int = field(default=5, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART"})
@@ -45,10 +55,13 @@ class RetrievalAugmentedConfig(FairseqDataclass):
         default=None, metadata={"help": "generation: also write the retrieved documents of every sample as JSON lines"})
     doc_posterior_out: Optional[str] = field(
         default=None, metadata={"help": "generation, rag_token: write each answer's per-token document posterior "
-                                        "as JSON lines (plot with scripts/plot_doc_posterior.py)"})
+                                        "as JSON lines (plot with rag-plot-posterior)"})
     train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
                                                                       "(default: the first answer only)"})
     seed: int = II("common.seed")
+    quiet: bool = II("common_eval.quiet")
+    post_process: Optional[str] = II("common_eval.post_process")
+    gen_subset: str = II("dataset.gen_subset")
 
 
 @register_task("retrieval_augmented", dataclass=RetrievalAugmentedConfig)
@@ -67,6 +80,11 @@ class RetrievalAugmentedTask(FairseqTask):
         self._rows_by_id: Optional[Dict[str, List[int]]] = None
         self.max_target: Optional[int] = None  # set when a model is built (its decoder positions)
         self.records = {}
+        #: where Z lines go: fairseq-generate's own stream (handed over by the command-line hook), else stdout
+        self.output_stream = None
+        self._jsonl_outputs = {}
+        # fairseq-interactive: the ids it prints for the batches to come (see build_dataset_for_inference)
+        self._interactive = {"next_id": 0, "dataset": None, "batches": deque()}
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -94,6 +112,15 @@ class RetrievalAugmentedTask(FairseqTask):
                     len(knowledge), knowledge.encoder_identity.get("name"), len(dictionary))
         return cls(cfg, knowledge, dictionary, tokenizer, text_encoder)
 
+    def fairseq_option(self, name: str, default=None):
+        """An option this task's config takes from fairseq's (``quiet``, ``post_process``, ``gen_subset``) by
+        interpolation; ``default`` where there is none to take (a config built without fairseq's around it)."""
+        try:
+            value = getattr(self.cfg, name, default)
+        except Exception:  # omegaconf: the interpolation's target is not in this config
+            return default
+        return default if isinstance(value, str) and value.startswith("${") else value
+
     @property
     def source_dictionary(self):
         return self.dictionary
@@ -104,35 +131,43 @@ class RetrievalAugmentedTask(FairseqTask):
 
     @property
     def retriever(self):
-        if self._retriever is None and self.cfg.n_docs > 0 and self.cfg.retriever == "dense":
+        """This process's retriever (the same object for every model it builds), or None closed book."""
+        if self.cfg.n_docs == 0:
+            return None
+        if self.cfg.retriever == "bm25":
+            return self.bm25
+        if self._retriever is None:
             from rag_plugin.retrieval.retriever import DenseRetriever
 
             self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder)
         return self._retriever
 
-    def attach_retrieval(self, model) -> None:
-        """Give a freshly built model this process's retriever, K and input format."""
-        wanted = str(getattr(model.cfg, "input_format", "plugin"))
+    @property
+    def bm25(self):
+        if self._bm25 is None:
+            from rag_plugin.retrieval.retriever import BM25Retriever
+
+            self._bm25 = BM25Retriever(self.knowledge.passages)
+        return self._bm25
+
+    def retrieval_context(self, model_cfg) -> RetrievalContext:
+        """What a model built by this task receives at construction (its knowledge, K, format, retriever)."""
+        wanted = str(getattr(model_cfg, "input_format", "plugin"))
         if wanted != self.input_format.name:
             raise UserError(f"the model reads the {wanted} input format, the knowledge source's passages are "
                             f"pre-tokenized for the {self.input_format.name} format", path=self.cfg.knowledge,
                             fix=f"use a knowledge source built (or imported) with --input-format {wanted}, or a model "
                                 f"with --input-format {self.input_format.name}")
-        model.input_format = self.input_format
-        model.n_docs = self.cfg.n_docs
-        self.max_target = model.cfg.max_target_positions
-        for split, dataset in self.datasets.items():
-            self._set_max_target(dataset, split)
-        if not model.cfg.doc_score_scale:
-            model.doc_score_scale = 20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0
-        if self.cfg.n_docs > 0:
-            model.retriever = self.retriever or _StoreOnly(self.knowledge)
-        model.knowledge_identity = {"encoder": self.knowledge.encoder_identity,
-                                    "knowledge": str(Path(self.cfg.knowledge).resolve()),
-                                    "passage_store_sha256": self.knowledge.passages.sha256,
-                                    "count": len(self.knowledge),
-                                    "input_format": self.input_format.name,
-                                    "tokenizer": self.knowledge.passages.tokenizer_identity or None}
+        scale = getattr(model_cfg, "doc_score_scale", 0.0) or (
+            20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0)
+        identity = {"encoder": self.knowledge.encoder_identity,
+                    "knowledge": str(Path(self.cfg.knowledge).resolve()),
+                    "passage_store_sha256": self.knowledge.passages.sha256,
+                    "count": len(self.knowledge),
+                    "input_format": self.input_format.name,
+                    "tokenizer": self.knowledge.passages.tokenizer_identity or None}
+        return RetrievalContext(n_docs=self.cfg.n_docs, input_format=self.input_format, retriever=self.retriever,
+                                doc_score_scale=float(scale), identity=identity, knowledge=self.knowledge)
 
     # ------------------------------------------------------------------ data
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
@@ -141,8 +176,9 @@ class RetrievalAugmentedTask(FairseqTask):
             raise UserError(f"missing data split {split!r}", path=str(path),
                             fix=f"DATA must hold {split}.jsonl (KILT style)")
         records = read_kilt(str(path), require_answers=True, allow_empty_input=(split != "train"))
-        if split == "train" or _computing_loss():
-            _refuse_regex_targets(records, path)
+        refusal = regex_target_refusal(records, path)
+        if split == "train" and refusal is not None:
+            raise refusal
         questions, targets = [], []  # one entry per training example (records repeat with train_all_answers)
         for r in records:
             answers = r.answers if (self.cfg.train_all_answers and split == "train") else r.answers[:1]
@@ -150,42 +186,20 @@ class RetrievalAugmentedTask(FairseqTask):
                 questions.append(r)
                 targets.append(a)
         self.records[split] = records
-        self.datasets[split] = self.build_dataset([r.input for r in questions], targets,
-                                                  record_ids=[r.id for r in questions],
-                                                  gold_rows=self.gold_rows([r.provenance for r in questions]))
-        logger.info("%s: %d examples from %s", split, len(self.datasets[split]), path)
+        dataset = self.build_dataset([r.input for r in questions], targets, record_ids=[r.id for r in questions],
+                                     gold_rows=self.gold_rows([r.provenance for r in questions]))
+        self._set_max_target(dataset, split)
+        dataset.loss_refusal = refusal  # generation reads only the questions; a loss on these targets is refused
+        self.datasets[split] = dataset
+        logger.info("%s: %d examples from %s", split, len(dataset), path)
 
-    def gold_rows(self, provenance: List[List[str]]) -> Optional[np.ndarray]:
-        """Store rows of the gold passages ([N, G], -1 padded), or None if the data names none.
-
-        A provenance id matches a passage id, or every ``<id>_<n>`` passage split from it.
-        """
+    def gold_rows(self, provenance: List[List[str]]):
+        """Store rows of the gold passages ([N, G], -1 padded), or None (see :mod:`rag_plugin.data.gold_rows`)."""
         if not any(provenance):
             return None
         if self._rows_by_id is None:
-            store = self.knowledge.passages
-            by_id: Dict[str, List[int]] = {}
-            for row in range(len(store)):
-                pid = store.id(row)
-                by_id.setdefault(pid, []).append(row)
-                base = pid.rsplit("_", 1)
-                if len(base) == 2 and base[1].isdigit():
-                    by_id.setdefault(base[0], []).append(row)
-            self._rows_by_id = by_id
-        rows = [sorted({r for pid in prov for r in self._rows_by_id.get(pid, [])}) for prov in provenance]
-        named = sum(1 for prov in provenance if prov)
-        lost = sum(1 for prov, r in zip(provenance, rows) if prov and not r)
-        if lost:
-            example = next(prov[0] for prov, r in zip(provenance, rows) if prov and not r)
-            logger.warning("%d of %d records name gold passages none of which is in the knowledge source (e.g. "
-                           "%r): gold_doc_prob leaves them out", lost, named, example)
-        if lost == named:
-            return None  # no gold passage here at all: as if the data named none
-        width = max(1, max(len(r) for r in rows))
-        out = np.full((len(rows), width), -1, dtype=np.int64)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = r
-        return out
+            self._rows_by_id = rows_by_passage_id(self.knowledge.passages)
+        return gold_rows(provenance, self._rows_by_id)
 
     def build_dataset(self, questions, targets=None, record_ids=None, gold_rows=None) -> RetrievalQADataset:
         """Pre-tokenize questions (query encoder + generator) and targets once, in the input format
@@ -223,23 +237,58 @@ class RetrievalAugmentedTask(FairseqTask):
             logger.warning("%s%d of %d targets are longer than the decoder's %d positions (--max-target-positions): "
                            "cut to it", f"{split}: " if split else "", cut, len(dataset.targets), self.max_target)
 
-    @property
-    def bm25(self):
-        if self._bm25 is None:
-            from rag_plugin.retrieval.retriever import BM25Retriever
-
-            self._bm25 = BM25Retriever(self.knowledge.passages)
-        return self._bm25
+    def _set_max_target(self, dataset, split: str) -> None:
+        """The decoder's length, once a model is built: longer targets are cut to it (</s> kept), with a
+        warning that counts them (fairseq-train loads the valid set before it builds the model)."""
+        dataset.max_target = self.max_target
+        if self.max_target is None or getattr(dataset, "targets", None) is None:
+            return
+        cut = sum(len(t) > self.max_target for t in dataset.targets)  # targets end in </s>
+        if cut:
+            logger.warning("%s%d of %d targets are longer than the decoder's %d positions (--max-target-positions): "
+                           "cut to it", f"{split}: " if split else "", cut, len(dataset.targets), self.max_target)
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         # fairseq drops the last partial batch when required_batch_size_multiple > 1: never
         # (every valid/test example must be scored, and no training example silently skipped).
         if "required_batch_size_multiple" in kwargs:
             kwargs["required_batch_size_multiple"] = 1
-        return super().get_batch_iterator(dataset, *args, **kwargs)
+        iterator = super().get_batch_iterator(dataset, *args, **kwargs)
+        state = self._interactive
+        if dataset is state["dataset"]:  # fairseq-interactive walks these batches in order (shuffle=False)
+            state["batches"] = deque((state["start"], [int(i) for i in ids]) for ids in iterator.frozen_batches)
+        return iterator
 
     def max_positions(self):
         return None
+
+    # ------------------------------------------------------------------ training
+    def begin_epoch(self, epoch, model):
+        """fairseq-train starts an epoch: every split it loaded is a loss target."""
+        for dataset in self.datasets.values():
+            if getattr(dataset, "loss_refusal", None) is not None:
+                raise dataset.loss_refusal
+        return super().begin_epoch(epoch, model)
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if sample and sample.get("loss_refusal") is not None:
+            raise sample["loss_refusal"]
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def valid_step(self, sample, model, criterion):
+        if sample and sample.get("loss_refusal") is not None:
+            raise sample["loss_refusal"]
+        return super().valid_step(sample, model, criterion)
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, cfg, from_checkpoint=False):
+        from fairseq import models
+
+        model = models.build_model(cfg, self, from_checkpoint)
+        self.max_target = model.max_decoder_positions()
+        for split, dataset in self.datasets.items():
+            self._set_max_target(dataset, split)
+        return model
 
     # ------------------------------------------------------------------ generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
@@ -251,7 +300,7 @@ class RetrievalAugmentedTask(FairseqTask):
         if len(models) != 1:
             raise UserError("RAG decoding takes one checkpoint, not an ensemble", fix="pass a single --path")
         model = models[0]
-        _refuse_unsupported_generation_options(args)
+        refuse_unsupported(args)
         score_reference = getattr(args, "score_reference", False)
         if self.cfg.doc_posterior_out and (score_reference or model.variant != "token"):
             if score_reference:
@@ -274,72 +323,58 @@ class RetrievalAugmentedTask(FairseqTask):
                                     prefix_allowed_tokens_fn)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        from rag_plugin.generation import provenance
+        from rag_plugin.generation.adapters import retrieval_of
 
         if "id" not in sample:  # fairseq-interactive keeps only src_tokens: rebuild the retrieval inputs
             sample = self._interactive_sample(sample)
         with torch.no_grad():
             hypos = generator.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
-        rows, doc_lp = generator.last_retrieval.get("rows"), generator.last_retrieval.get("doc_lp")
-        ids = sample["id"].tolist()
-        store = self.knowledge.passages
-        quiet = provenance.cli_option("quiet", generate_only=True)  # fairseq-generate --quiet: no S/T/H/D/P lines
-        lines = [] if quiet else provenance.z_lines(ids, rows, doc_lp, store)
-        if lines:
-            stream = provenance.output_stream()
-            stream.write("\n".join(lines) + "\n")
-        expected = len(next(iter(self.datasets.values()))) if len(self.datasets) == 1 else None  # fairseq-generate
-        if self.cfg.provenance_out:
-            provenance.append_jsonl(self.cfg.provenance_out, provenance.provenance_records(ids, rows, doc_lp, store),
-                                    expected=expected)
-        if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
-            provenance.append_jsonl(self.cfg.doc_posterior_out, provenance.token_doc_posteriors(
-                models[0], sample, hypos, rows, doc_lp, self.tokenizer, store), expected=expected)
+        rows, doc_lp = retrieval_of(hypos)
+        if doc_lp is not None:
+            self._write_provenance(models[0], generator, sample, hypos, rows, doc_lp)
         return hypos
 
-    def _interactive_sample(self, sample):
-        from rag_plugin.generation.provenance import interactive_ids
+    def _write_provenance(self, model, generator, sample, hypos, rows, doc_lp) -> None:
+        """Z lines into fairseq's output (none with --quiet); --provenance-out / --doc-posterior-out files."""
+        from rag_plugin.generation import provenance
 
-        src = sample["net_input"]["src_tokens"]
-        dataset = self.build_dataset_for_inference(src.cpu(), None)
-        rebuilt = dataset.collater([dataset[i] for i in range(len(dataset))])
-        ids = interactive_ids(len(dataset), depth=3)  # the ids fairseq-interactive prints (Z- lines match S-/H-)
-        if ids is not None:
-            rebuilt["id"] = torch.tensor(ids, dtype=torch.long)
-        rebuilt["net_input"]["src_tokens"] = src  # keep the tokens fairseq prints
-        rebuilt["net_input"] = {k: (v.to(src.device) if torch.is_tensor(v) else v) for k, v in rebuilt["net_input"].items()}
-        return rebuilt
+        ids = sample["id"].tolist()
+        store = self.knowledge.passages
+        lines = [] if self.fairseq_option("quiet", False) else provenance.z_lines(ids, rows, doc_lp, store)
+        if lines:
+            (self.output_stream or sys.stdout).write("\n".join(lines) + "\n")
+        name = self.fairseq_option("gen_subset")  # fairseq-generate: every sample of --gen-subset; else the one split
+        subset = self.datasets.get(name) if name else (next(iter(self.datasets.values())) if len(self.datasets) == 1
+                                                      else None)
+        expected = len(subset) if subset is not None else None
+        if self.cfg.provenance_out:
+            self._jsonl(self.cfg.provenance_out, expected).write(
+                provenance.provenance_records(ids, rows, doc_lp, store))
+        if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
+            self._jsonl(self.cfg.doc_posterior_out, expected).write(provenance.token_doc_posteriors(
+                model, sample, hypos, rows, doc_lp, self.tokenizer, store))
 
-    def build_bpe(self, args):
-        """Pieces <-> text with the knowledge source's tokenizer (D lines come out as text).
+    def _jsonl(self, path: str, expected: Optional[int]):
+        from rag_plugin.generation.provenance import JsonlOutput
 
-        fairseq-generate/-interactive print H lines as pieces and pass them (and S/T lines, and the
-        BLEU input) through this codec's ``decode``. ``--post-process sentencepiece`` (alias
-        ``--remove-bpe sentencepiece``) makes fairseq turn SentencePiece pieces into words itself
-        first: then, as with fairseq's own ``--post-process``, every line is already text, and the
-        codec hands it back unchanged (decoding words as pieces would make them all unknown).
-        ``--post-process`` modes that join pieces by other marks (``letter``, ``wordpiece``,
-        ``_EOW``), or ``sentencepiece`` over GPT-2 ids, would garble the answers: refused.
-        """
-        from rag_plugin.generation.provenance import cli_option
-
-        post = cli_option("post_process")
-        kind = getattr(self.tokenizer, "kind", None)
-        if post == "sentencepiece" and kind == "sentencepiece":
-            return _PieceCodec(self.tokenizer, already_text=True)
-        if post in ("letter", "wordpiece", "_EOW", "sentencepiece"):  # sentencepiece here: over GPT-2 ids
-            raise UserError(f"--post-process {post} does not apply to this knowledge source's {kind} tokens",
-                            fix="leave --post-process out: D lines are text already"
-                                + (", or use --post-process sentencepiece" if kind == "sentencepiece" else ""))
-        return _PieceCodec(self.tokenizer)
-
-    def build_tokenizer(self, args):
-        return None
+        key = str(Path(path).resolve())
+        if key not in self._jsonl_outputs:
+            self._jsonl_outputs[key] = JsonlOutput(path, expected)
+        return self._jsonl_outputs[key]
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None, **kwargs):
-        """fairseq-interactive: questions arrive as generator tokens; recover the text once."""
+        """fairseq-interactive: questions arrive as generator tokens; recover the text once. fairseq-interactive
+        numbers its lines across buffers (``start_id`` + dataset index): the task counts them the same way,
+        so that Z lines carry the ids of the question's own S-/H- lines."""
         if constraints is not None:
-            raise UserError(_UNSUPPORTED["constraints"][0], fix=_UNSUPPORTED["constraints"][1])
+            raise UserError(UNSUPPORTED["constraints"][0], fix=UNSUPPORTED["constraints"][1])
+        dataset = self._questions_dataset(src_tokens)
+        state = self._interactive
+        state["start"], state["dataset"] = state["next_id"], dataset
+        state["next_id"] += len(dataset)
+        return dataset
+
+    def _questions_dataset(self, src_tokens):
         questions = []
         for tokens in src_tokens:
             ids = [int(t) for t in tokens if int(t) not in (self.dictionary.eos(), self.dictionary.pad())]
@@ -349,88 +384,28 @@ class RetrievalAugmentedTask(FairseqTask):
             questions.append(text)
         return self.build_dataset(questions)
 
-    # ------------------------------------------------------------------ model
-    def build_model(self, cfg, from_checkpoint=False):
-        from fairseq import models
+    def _interactive_sample(self, sample):
+        """The full sample (query tokens, ids) behind fairseq-interactive's ``{"net_input": {src_tokens}}``:
+        the next batch of the dataset it asked for, whose ids it prints; else rebuilt from the tokens."""
+        src = sample["net_input"]["src_tokens"]
+        state = self._interactive
+        dataset, start, indices = state["dataset"], None, None
+        if state["batches"]:
+            start, indices = state["batches"].popleft()
+        if dataset is None or indices is None or len(indices) != src.size(0):
+            dataset, start, indices = self._questions_dataset(src.cpu()), 0, list(range(src.size(0)))
+        rebuilt = dataset.collater([dataset[i] for i in indices])
+        rebuilt["id"] = torch.tensor([start + i for i in indices], dtype=torch.long)
+        rebuilt["net_input"]["src_tokens"] = src  # keep the tokens fairseq prints
+        rebuilt["net_input"] = {k: (v.to(src.device) if torch.is_tensor(v) else v)
+                                for k, v in rebuilt["net_input"].items()}
+        return rebuilt
 
-        return models.build_model(cfg, self, from_checkpoint)
+    def build_bpe(self, args):
+        """Pieces <-> text with the knowledge source's tokenizer (see :mod:`rag_plugin.generation.piece_codec`)."""
+        from rag_plugin.generation.piece_codec import PieceCodec
 
+        return PieceCodec.for_post_process(self.tokenizer, self.fairseq_option("post_process"))
 
-#: fairseq-generate options the RAG generators do not support: option -> (what, what to do)
-_UNSUPPORTED = {
-    "print_alignment": ("--print-alignment needs the attention of a single source sentence; RAG attends over "
-                        "several (question, passage) inputs and reports no alignment",
-                        "leave --print-alignment out; the Z- lines name the passages an answer drew on"),
-    "constraints": ("--constraints (lexically constrained decoding) is not supported by the RAG generators",
-                    "leave --constraints out; from Python, build_generator's prefix_allowed_tokens_fn "
-                    "constrains the answers"),
-    "replace_unk": REPLACE_UNK,
-    "print_step": ("--print-step prints the steps of iterative refinement decoders; RAG decodes left to right",
-                   "leave --print-step out"),
-}
-
-
-def _computing_loss() -> bool:
-    """Whether fairseq-train (its validation subsets) or fairseq-validate is loading data: there
-    the targets of every split are loss targets. fairseq-generate, or a caller from Python,
-    only needs the questions of an evaluation split (answers are scored from the gold file)."""
-    from rag_plugin.generation.provenance import caller_frames
-
-    return any(frame.f_globals.get("__name__") in ("fairseq_cli.train", "fairseq_cli.validate")
-               for frame in caller_frames(1))
-
-
-def _refuse_regex_targets(records, path: Path) -> None:
-    """Regular-expression answers (CuratedTrec: ``meta.answer_is_regex``) whose concrete targets
-    were not derived (no ``meta.answer_pattern``) would teach the generator to write the pattern.
-    The paper takes the most frequent match in the retrieved passages instead."""
-    bad = [i for i, r in enumerate(records)
-           if r.meta.get("answer_is_regex") and r.meta.get("answer_pattern") is None]
-    if not bad:
-        return
-    data = path.parent
-    what = "training target" if path.stem == "train" else "target of the validation loss"
-    raise UserError(f"{len(bad)} of {len(records)} records have regular-expression answers "
-                    f"(meta.answer_is_regex, CuratedTrec) and no concrete target, e.g. {records[bad[0]].id!r}: "
-                    f"the pattern itself would be the {what}", path=str(path), line=records[bad[0]].line,
-                    fix=f"run scripts/curatedtrec_targets.py --data {data} --knowledge KS_DIR, which takes each "
-                        f"pattern's most frequent match in the retrieved passages as the target as the paper "
-                        f"does, and train on its output")
-
-
-def _refuse_unsupported_generation_options(args) -> None:
-    for option, (message, fix) in _UNSUPPORTED.items():
-        if getattr(args, option, None):
-            raise UserError(message, fix=fix)
-
-
-class _PieceCodec:
-    """fairseq's BPE interface over the generator tokenizer. ``already_text``: fairseq's
-    ``--post-process sentencepiece`` made the lines text before ``decode`` sees them (see
-    ``RetrievalAugmentedTask.build_bpe``): ``decode`` returns them unchanged."""
-
-    def __init__(self, tokenizer, already_text: bool = False):
-        self.tokenizer = tokenizer
-        self.already_text = already_text
-
-    def encode(self, x: str) -> str:
-        return " ".join(self.tokenizer.pieces(x))
-
-    def decode(self, x: str) -> str:
-        """Space-separated pieces -> text (text as it is when ``already_text``)."""
-        if self.already_text:
-            return x
-        index = self.tokenizer.index
-        ids = [index.get(p, 3) for p in x.split()]
-        return self.tokenizer.decode(ids)
-
-    def is_beginning_of_word(self, x: str) -> bool:
-        return x.startswith("\u2581")
-
-
-class _StoreOnly:
-    """For fixed (BM25) retrieval: the model only needs the passage store."""
-
-    def __init__(self, knowledge):
-        self.knowledge = knowledge
-        self.store = knowledge.passages
+    def build_tokenizer(self, args):
+        return None

@@ -44,13 +44,11 @@ def _updates(log):
 
 
 def _load(path):
-    """Through fairseq's own loader (plain torch.load, torch's default weights_only=True)."""
-    import fairseq  # noqa: F401  (so that importing the plugin registers its parts)
-    import rag_plugin
-    from fairseq import checkpoint_utils
+    """Through fairseq's own loader (plain torch.load, torch's default weights_only=True), with the
+    plugin's allow-list in scope (as the hub loads)."""
+    from rag_plugin.hub import load_fairseq_checkpoint
 
-    rag_plugin.register()
-    return checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    return load_fairseq_checkpoint(str(path))
 
 
 class _Job:

@@ -17,10 +17,10 @@ import pytest
 import torch
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.tasks import FairseqTask
-from omegaconf import OmegaConf
 
 from rag_plugin.util.errors import UserError
 from rag_plugin.generation import provenance
+from rag_plugin.generation.adapters import retrieval_of
 from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
 from tests.generation.test_decoding import _forced_log_probs, _gen, _setup, _teacher_forced
 
@@ -218,13 +218,14 @@ def test_prefix_allowed_tokens_fn_refused_when_scoring_references(tiny_world):
 
 
 # ----------------------------------------------------------------------------- fairseq-generate's options
-def _fairseq_generate_main(task, generator, model, sample, cfg, output_file):
-    """Runs inference_step from a frame shaped like fairseq_cli.generate._main's (locals ``cfg`` and
-    ``output_file``), where the plugin reads --quiet and prints its Z lines."""
-    def _main(cfg, output_file):
+def _fairseq_generate_main(task, generator, model, sample, quiet, output_file):
+    """inference_step as fairseq-generate runs it: --quiet reaches the task through its config
+    (``common_eval.quiet`` by interpolation), the output stream through the command-line hook."""
+    task.cfg.quiet, task.output_stream = quiet, output_file
+    try:
         return task.inference_step(generator, [model], sample)
-
-    return _main(cfg, output_file)
+    finally:
+        task.cfg.quiet, task.output_stream = "${common_eval.quiet}", None
 
 
 def test_quiet_prints_no_provenance_lines(tiny_world, tmp_path):
@@ -232,11 +233,11 @@ def test_quiet_prints_no_provenance_lines(tiny_world, tmp_path):
     task.cfg.provenance_out = str(tmp_path / "prov.jsonl")
     gen = task.build_generator([model], GenerationConfig(beam=2, max_len_a=0, max_len_b=4))
     loud, quiet = io.StringIO(), io.StringIO()
-    _fairseq_generate_main(task, gen, model, sample, OmegaConf.create({"common_eval": {"quiet": False}}), loud)
-    expect = provenance.z_lines(sample["id"].tolist(), gen.last_retrieval["rows"], gen.last_retrieval["doc_lp"],
-                                task.knowledge.passages)
+    hypos = _fairseq_generate_main(task, gen, model, sample, False, loud)
+    rows, doc_lp = retrieval_of(hypos)
+    expect = provenance.z_lines(sample["id"].tolist(), rows, doc_lp, task.knowledge.passages)
     assert loud.getvalue().splitlines() == expect and len(expect) == 3 * len(sample["id"])
-    _fairseq_generate_main(task, gen, model, sample, OmegaConf.create({"common_eval": {"quiet": True}}), quiet)
+    _fairseq_generate_main(task, gen, model, sample, True, quiet)
     assert quiet.getvalue() == ""
     records = (tmp_path / "prov.jsonl").read_text().splitlines()
     assert len(records) == 2 * len(sample["id"])  # --provenance-out is still written
@@ -250,16 +251,17 @@ def test_post_process_sentencepiece_keeps_text(tiny_world):
     task, _, _ = _setup(tiny_world, RagTokenModel, seed=3)
     text = json.loads((tiny_world["data"] / "test.jsonl").read_text().splitlines()[0])["input"]
 
-    def build_bpe(cfg):  # called from a frame shaped like fairseq-generate's main (local ``cfg``)
+    def build_bpe(post_process):  # fairseq's --post-process reaches the task by interpolation
+        task.cfg.post_process = post_process
         return task.build_bpe(None)
 
-    plain = build_bpe(OmegaConf.create({"common_eval": {"post_process": None}}))
+    plain = build_bpe(None)
     pieces = plain.encode(text)
     assert plain.decode(pieces) == task.tokenizer.decode(task.tokenizer.encode(text)) == text
     processed = post_process(pieces, "sentencepiece")
     assert processed == text
-    bpe = build_bpe(OmegaConf.create({"common_eval": {"post_process": "sentencepiece"}}))
+    bpe = build_bpe("sentencepiece")
     assert bpe.decode(processed) == text
     for mode in ("letter", "wordpiece"):
         with pytest.raises(UserError, match=f"--post-process {mode}"):
-            build_bpe(OmegaConf.create({"common_eval": {"post_process": mode}}))
+            build_bpe(mode)

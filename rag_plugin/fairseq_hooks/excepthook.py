@@ -1,0 +1,127 @@
+"""One-line errors for the fairseq command lines (installed on the command-line path only).
+
+fairseq's mains let exceptions escape to the interpreter. With the plugin loaded by a fairseq
+command line, an uncaught exception whose cause is the user's (a :class:`UserError`, a pickle
+refused by safe loading), a rank lost in a collective, a 16-bit option without its hardware, or
+an option the plugin does not support ends the process with one line on stderr (exit 2; 1 for a
+lost rank) instead of a traceback. Everything else goes to the previous hook unchanged.
+"""
+import contextlib
+import logging
+import os
+import sys
+from typing import Optional
+
+from rag_plugin.generation.options import REPLACE_UNK
+from rag_plugin.util.errors import UserError, exception_chain, user_error_in_chain
+
+
+#: What torch.distributed's backends say when another rank is gone (its process died, its
+#: connection dropped) or did not answer within the process group's timeout.
+_LOST_RANK_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "Timed out waiting", "remote worker crashing", "Socket Timeout", "ECONNRESET")
+
+
+def _lost_rank_error(exc: Optional[BaseException]) -> Optional[BaseException]:
+    for e in exception_chain(exc):  # also when fairseq's heartbeat SIGINT came on top of it
+        names = {cls.__name__ for cls in type(e).__mro__}
+        if names & {"RuntimeError", "DistError", "DistBackendError", "DistNetworkError"} and \
+                any(sign in str(e) for sign in _LOST_RANK_SIGNS):
+            return e
+    return None
+
+
+def lost_rank_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if ``exc`` is a collective failing because another rank is gone."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    exc = _lost_rank_error(exc)
+    if exc is None:
+        return None
+    text = str(exc)
+    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else type(exc).__name__
+    first = first.split("] ", 1)[-1].split(". ")[0]  # drop gloo's "[file.cc:123]" prefix and its advice
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return (f"rank {dist.get_rank()} of {dist.get_world_size()}: lost contact with another rank ({first}) "
+            f"(a rank died or hangs: see its log; fix it, then rerun the same command to resume from "
+            f"checkpoint_last.pt)")
+
+
+def missing_accelerator_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if fairseq failed for want of the accelerator an option asks for:
+    ``--fp16`` puts the optimizer's float32 master weights on CUDA, ``--bf16`` and
+    ``--memory-efficient-bf16`` imply ``--tpu``; without them fairseq stops with an assertion
+    or an attribute error deep in its trainer."""
+    for e in exception_chain(exc):
+        if isinstance(e, AssertionError) and "not compiled with CUDA" in str(e):
+            return ("--fp16 needs CUDA, which this torch build lacks: fairseq keeps the float32 master weights on "
+                    "the GPU (on the CPU leave --fp16 out and train in float32)")
+        if isinstance(e, AttributeError) and "xla_device" in str(e):
+            return ("fairseq's --bf16 and --memory-efficient-bf16 imply --tpu and need torch_xla (on a GPU use "
+                    "--fp16; on the CPU leave them out)")
+    return None
+
+
+
+
+def unsupported_option_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if fairseq-generate failed on an option that rag_plugin does not support
+    before the plugin could refuse it: ``--replace-unk`` stops at fairseq's assertion that the
+    dataset is raw text, or (``--dataset-impl raw``) in ``load_align_dict`` opening a file named
+    after the option's value (``@@ `` when given without one)."""
+    for e in exception_chain(exc):
+        if isinstance(e, AssertionError) and "--replace-unk requires" in str(e):
+            return f"{REPLACE_UNK[0]} ({REPLACE_UNK[1]})"
+        tb = e.__traceback__
+        while isinstance(e, OSError) and tb is not None:
+            if tb.tb_frame.f_code.co_name == "load_align_dict":
+                return f"{REPLACE_UNK[0]} ({REPLACE_UNK[1]})"
+            tb = tb.tb_next
+    return None
+
+
+def _write_and_exit(message: str, status: int) -> None:
+    # torch.distributed wraps sys.excepthook and points sys.stderr at a buffer while the hook
+    # runs; the process ends here, so write to the real stderr.
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"error: {message}\n")
+    stream.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        logging.shutdown()  # flush the log handlers: os._exit skips them
+    # os._exit: under torch.distributed a plain exit can hang in the process group's teardown;
+    # this hook runs only on a fairseq command line (never in a library user's process)
+    os._exit(status)
+
+
+def install_excepthook() -> None:
+    """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2; a
+    collective failing because another rank died: one line, exit 1; fairseq failing for want of
+    the accelerator an option asks for (:func:`missing_accelerator_message`), or on an option the
+    plugin does not support (:func:`unsupported_option_message`): one line, exit 2."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        cause = user_error_in_chain(exc)
+        if cause is not None:
+            message = cause.render() if isinstance(cause, UserError) else (
+                "a checkpoint refers to code that safe loading refuses (weights_only=True); it was not loaded "
+                "(only load checkpoints from sources you trust)")
+            _write_and_exit(message, 2)
+        lost = lost_rank_message(exc) if exc is not None else None
+        if lost is not None:
+            _write_and_exit(lost, 1)
+        accelerator = missing_accelerator_message(exc) if exc is not None else None
+        if accelerator is not None:
+            _write_and_exit(accelerator, 2)
+        unsupported = unsupported_option_message(exc) if exc is not None else None
+        if unsupported is not None:
+            _write_and_exit(unsupported, 2)
+        previous(exc_type, exc, tb)
+
+    if getattr(sys.excepthook, "_rag_plugin", False):
+        return
+    hook._rag_plugin = True
+    sys.excepthook = hook
