@@ -1,51 +1,8 @@
 #!/usr/bin/env python
-"""Write denoising pretraining data (train/valid KILT JSONL) from a knowledge source's passages.
-
-    python scripts/make_denoising_data.py --knowledge KS_DIR --out DIR [--valid 200] [--max-words 32]
-
-Then pretrain a generator closed-book and start RAG models from it:
-
-    fairseq-train DIR --task retrieval_augmented --knowledge KS_DIR --n-docs 0 ... --save-dir PRE
-    fairseq-train DATA ... --generator-checkpoint PRE/checkpoint_last.pt
-"""
-import argparse
-import json
+"""Pretraining records from passages; see `rag-pretraining-data --help` (rag_plugin/cli/pretraining_data.py)."""
 import sys
-from pathlib import Path
 
-from rag_plugin.util.errors import UserError, cli_main
-from rag_plugin.util.io import atomic_write_text
-
-
-@cli_main
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--knowledge", required=True, help="knowledge source directory")
-    ap.add_argument("--out", required=True, help="output directory (train.jsonl, valid.jsonl)")
-    ap.add_argument("--valid", type=int, default=200, help="records held out for validation")
-    ap.add_argument("--max-words", type=int, default=32, help="words of each passage to reconstruct")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--objective", choices=("denoise", "pseudo-questions"), default="denoise",
-                    help="denoise: reconstruct corrupted passages (closed book); pseudo-questions: a run of a "
-                         "passage's words -> its title or the words that follow (train with retrieval)")
-    args = ap.parse_args(argv)
-    from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records
-    from rag_plugin.retrieval.knowledge import KnowledgeSource
-
-    store = KnowledgeSource(args.knowledge).passages
-    passages = (store.passage(r) for r in range(len(store)))
-    if args.objective == "denoise":
-        records = denoising_records(passages, args.seed, args.max_words)
-    else:
-        records = pseudo_question_records(passages, args.seed)
-    if len(records) <= args.valid:
-        raise UserError(f"only {len(records)} usable passages for {args.valid} validation records",
-                        path=args.knowledge, fix="lower --valid")
-    out = Path(args.out)
-    for name, rows in (("valid", records[: args.valid]), ("train", records[args.valid:])):
-        atomic_write_text(out / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    print(f"{out}: {len(records) - args.valid} train, {args.valid} valid records")
-
+from rag_plugin.cli.pretraining_data import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -150,11 +150,15 @@ def test_gold_and_kilt_guesses(data):
         assert all(isinstance(g.retrieved, list) for g in guesses.values())
 
 
+QAS_LINE = st.builds(lambda q, a: f"{q}\t{a}", WORDS, st.sampled_from(["['a', 'b']", '["x"]']))
+QAS_BAD = st.builds(lambda q, a: f"{q}\t{a}", TEXT, st.sampled_from(["[1]", "'s'", "[", ""]))
+
+
 @FUZZ
-@given(_files(st.one_of(KILT_LINE, st.builds(lambda q, a: f"{q}\t{a}", WORDS, st.sampled_from(["['a', 'b']", '["x"]']))),
-              st.one_of(KILT_BAD, st.builds(lambda q, a: f"{q}\t{a}", TEXT, st.sampled_from(["[1]", "'s'", "[", ""])))))
+@given(_files(st.one_of(KILT_LINE, QAS_LINE), st.one_of(KILT_BAD, QAS_BAD)))
 def test_converter_readers(data):
-    from rag_plugin.datasets.prepare import iter_dpr_qas, iter_jsonl
+    from rag_plugin.datasets.dpr_qa import iter_dpr_qas
+    from rag_plugin.util.io import iter_jsonl
 
     _only_user_errors(lambda p: list(iter_jsonl(p)), _written("in.jsonl", data))
     rows = _only_user_errors(lambda p: list(iter_dpr_qas(p)), _written("qas.csv", data))

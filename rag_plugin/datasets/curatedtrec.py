@@ -1,7 +1,7 @@
 """Concrete training targets for regular-expression answers (CuratedTrec).
 
 CuratedTrec's answers are patterns (``meta.answer_is_regex``, written verbatim by
-``scripts/prepare_curatedtrec.py``). A generator must not be trained to write a pattern. The
+``rag-prepare curatedtrec``). A generator must not be trained to write a pattern. The
 paper (Lewis et al. 2020, appendix "CuratedTrec preprocessing") retrieves the top 1000
 documents for each question and uses the string that most frequently matches the pattern as
 the supervision target; if nothing matches, it generates the pattern's expansions, replacing
@@ -11,7 +11,7 @@ non-deterministic parts with a whitespace. This module does both:
   retrieved passages' titles and texts; the most frequent matched string (compared case- and
   whitespace-insensitively) wins, ties going to the one found first in rank order.
 * :func:`expand_pattern`: the pattern's literal expansions, from Python's own regex parser.
-* :func:`derive_targets`: rewrites a prepared data directory (``scripts/curatedtrec_targets.py``).
+* :func:`derive_targets`: rewrites a prepared data directory (``rag-curatedtrec-targets``).
 
 A rewritten record keeps its pattern(s) in ``meta.answer_pattern`` (a list) and
 ``meta.answer_is_regex`` (so evaluation still matches the pattern), and says where its
@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - older Pythons
 
 from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation.metrics import answer_patterns, compile_answer_pattern
-from rag_plugin.util.io import atomic_path, atomic_write_json, decoded_lines
+from rag_plugin.util.io import atomic_path, atomic_write_json, iter_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -197,15 +197,93 @@ def _read_split(path: Path) -> List[Tuple[int, dict]]:
     from rag_plugin.data.kilt import read_kilt
 
     read_kilt(str(path), require_answers=True, allow_empty_input=True)  # checks the file (errors: file:line)
-    rows = []
-    with open(path, "rb") as fh:
-        for lineno, line in decoded_lines(fh, path):
-            if line.strip():
-                rows.append((lineno, json.loads(line)))
-    return rows
+    return list(iter_jsonl(path))
 
 
 # ================================================================================== rewrite
+_COUNTS = ("records", "regex_records", "retrieved", "regex_expansion", "dropped_no_target", "patterns_not_compiling")
+
+
+def _split_paths(data_dir: Path, k: int, max_expansions: int, splits: Sequence[str]) -> Dict[str, Path]:
+    """The checked arguments of :func:`derive_targets`: ``{split: data_dir/split.jsonl}``."""
+    if not data_dir.is_dir():
+        raise UserError("data directory not found", path=str(data_dir),
+                        fix="pass --data with the output directory of rag-prepare curatedtrec")
+    if k < 1:
+        raise UserError(f"-k must be at least 1, got {k}", fix="retrieve 1 or more passages (the paper: 1000)")
+    if max_expansions < 1:
+        raise UserError(f"--max-expansions must be at least 1, got {max_expansions}", fix="use e.g. 64")
+    if not splits:
+        raise UserError("no split given", fix="pass --splits, e.g. --splits train valid")
+    paths = {s: data_dir / f"{s}.jsonl" for s in splits}
+    for split, path in paths.items():
+        if not path.is_file():
+            raise UserError(f"split {split!r} not found", path=str(path),
+                            fix=f"--splits names files DATA/<split>.jsonl; {data_dir} holds "
+                                f"{', '.join(sorted(p.stem for p in data_dir.glob('*.jsonl'))) or 'none'}")
+    return paths
+
+
+def _target(patterns: List[str], titles, texts, max_expansions: int) -> Tuple[Optional[List[str]], str]:
+    """``(answers, target_from)`` of one regex record from its retrieved passages; ``(None, "")``
+    when there is neither a match nor a literal expansion."""
+    best = most_frequent_match(patterns, passage_texts(titles, texts))
+    if best is not None:
+        return [best], "retrieved"
+    expansions = _dedup((e for p in patterns for e in expand_pattern(p, max_expansions)), max_expansions)
+    return (expansions, "regex_expansion") if expansions else (None, "")
+
+
+def _derive_split(split: str, path: Path, rows: List[Tuple[int, dict]], retriever, k: int, batch_size: int,
+                  max_expansions: int, progress: bool) -> Tuple[List[dict], Counter]:
+    """The records of one split with concrete targets (records without any dropped), and the counts."""
+    todo = [(i, p) for i, p in ((i, record_patterns(obj)) for i, (_, obj) in enumerate(rows)) if p]
+    counts = Counter(records=len(rows), regex_records=len(todo))
+    new_objs = [obj for _, obj in rows]
+    batches = range(0, len(todo), batch_size)
+    if progress and todo:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc=f"{split}: retrieve top-{k}", unit=" batch", mininterval=1.0, file=sys.stderr)
+    dropped = set()
+    for start in batches:
+        chunk = todo[start:start + batch_size]
+        found = retriever.search([rows[i][1].get("input") or "" for i, _ in chunk], k)
+        for (i, patterns), titles, texts in zip(chunk, found.titles(), found.texts()):
+            counts["patterns_not_compiling"] += sum(compile_answer_pattern(p) is None for p in patterns)
+            answers, target_from = _target(patterns, titles, texts, max_expansions)
+            if answers is None:
+                dropped.add(i)
+                counts["dropped_no_target"] += 1
+                logger.warning("%s:%d: no match and no literal expansion of %s: record dropped",
+                               path, rows[i][0], patterns)
+                continue
+            new_objs[i] = rewrite_record(rows[i][1], patterns, answers, target_from)
+            counts[target_from] += 1
+    written = [obj for i, obj in enumerate(new_objs) if i not in dropped]
+    if rows and not written:
+        raise UserError(f"no record of {split} has a target left", path=str(path),
+                        fix="check the patterns, or retrieve more passages with a larger -k")
+    return written, counts
+
+
+def _write_outputs(data_dir: Path, out_dir: Path, written: Dict[str, List[dict]], summary: dict) -> None:
+    """``out_dir/{split}.jsonl``, the data directory's other files when ``out_dir`` is elsewhere,
+    and the summary; every file atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve() != data_dir.resolve():
+        for f in sorted(data_dir.iterdir()):
+            if f.is_file() and f.name not in {f"{s}.jsonl" for s in written} | {SUMMARY}:
+                with atomic_path(out_dir / f.name) as tmp:
+                    shutil.copyfile(f, tmp)
+    for split, objs in written.items():
+        with atomic_path(out_dir / f"{split}.jsonl") as tmp:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                for obj in objs:
+                    fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    atomic_write_json(out_dir / SUMMARY, summary)
+
+
 def derive_targets(data: str, knowledge: str, k: int = 1000, out: Optional[str] = None,
                    splits: Sequence[str] = ("train", "valid"), bm25: bool = False, batch_size: int = 64,
                    max_expansions: int = MAX_EXPANSIONS, progress: bool = True, retriever=None) -> dict:
@@ -221,23 +299,8 @@ def derive_targets(data: str, knowledge: str, k: int = 1000, out: Optional[str] 
     file is written atomically. Returns that summary.
     """
     data_dir = Path(data)
-    if not data_dir.is_dir():
-        raise UserError("data directory not found", path=str(data_dir),
-                        fix="pass --data with the output directory of scripts/prepare_curatedtrec.py")
-    if k < 1:
-        raise UserError(f"-k must be at least 1, got {k}", fix="retrieve 1 or more passages (the paper: 1000)")
-    if max_expansions < 1:
-        raise UserError(f"--max-expansions must be at least 1, got {max_expansions}", fix="use e.g. 64")
-    if not splits:
-        raise UserError("no split given", fix="pass --splits, e.g. --splits train valid")
-    paths = {s: data_dir / f"{s}.jsonl" for s in splits}
-    for split, path in paths.items():
-        if not path.is_file():
-            raise UserError(f"split {split!r} not found", path=str(path),
-                            fix=f"--splits names files DATA/<split>.jsonl; {data_dir} holds "
-                                f"{', '.join(sorted(p.stem for p in data_dir.glob('*.jsonl'))) or 'none'}")
+    paths = _split_paths(data_dir, k, max_expansions, splits)
     rows = {s: _read_split(p) for s, p in paths.items()}
-
     if retriever is None and any(record_patterns(obj) for r in rows.values() for _, obj in r):
         from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
 
@@ -246,62 +309,13 @@ def derive_targets(data: str, knowledge: str, k: int = 1000, out: Optional[str] 
     k_used = min(k, n_passages) if n_passages else k
     if n_passages is not None and k > n_passages:
         logger.warning("-k %d is larger than the knowledge source (%d passages): retrieving all of them", k, n_passages)
-
-    out_dir = Path(out) if out else data_dir
     summary = {"data": str(data_dir.resolve()), "knowledge": str(Path(knowledge).resolve()),
                "retriever": "bm25" if bm25 else "dense", "k": k_used, "max_expansions": max_expansions,
                "splits": {}}
     written: Dict[str, List[dict]] = {}
     for split, split_rows in rows.items():
-        todo = [(i, record_patterns(obj)) for i, (_, obj) in enumerate(split_rows)]
-        todo = [(i, p) for i, p in todo if p]
-        counts = Counter(records=len(split_rows), regex_records=len(todo))
-        new_objs = [obj for _, obj in split_rows]
-        batches = range(0, len(todo), batch_size)
-        if progress and todo:
-            from tqdm import tqdm
-
-            batches = tqdm(batches, desc=f"{split}: retrieve top-{k_used}", unit=" batch", mininterval=1.0,
-                           file=sys.stderr)
-        dropped = set()
-        for start in batches:
-            chunk = todo[start:start + batch_size]
-            found = retriever.search([split_rows[i][1].get("input") or "" for i, _ in chunk], k_used)
-            titles, texts = found.titles(), found.texts()
-            for (i, patterns), t, x in zip(chunk, titles, texts):
-                counts["patterns_not_compiling"] += sum(compile_answer_pattern(p) is None for p in patterns)
-                best = most_frequent_match(patterns, passage_texts(t, x))
-                if best is not None:
-                    new_objs[i] = rewrite_record(split_rows[i][1], patterns, [best], "retrieved")
-                    counts["retrieved"] += 1
-                    continue
-                expansions = _dedup((e for p in patterns for e in expand_pattern(p, max_expansions)), max_expansions)
-                if expansions:
-                    new_objs[i] = rewrite_record(split_rows[i][1], patterns, expansions, "regex_expansion")
-                    counts["regex_expansion"] += 1
-                else:
-                    dropped.add(i)
-                    counts["dropped_no_target"] += 1
-                    logger.warning("%s:%d: no match and no literal expansion of %s: record dropped",
-                                   paths[split], split_rows[i][0], patterns)
-        written[split] = [obj for i, obj in enumerate(new_objs) if i not in dropped]
-        summary["splits"][split] = {key: counts[key] for key in ("records", "regex_records", "retrieved",
-                                                                 "regex_expansion", "dropped_no_target",
-                                                                 "patterns_not_compiling")}
-        if split_rows and not written[split]:
-            raise UserError(f"no record of {split} has a target left", path=str(paths[split]),
-                            fix="check the patterns, or retrieve more passages with a larger -k")
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if out_dir.resolve() != data_dir.resolve():
-        for f in sorted(data_dir.iterdir()):
-            if f.is_file() and f.name not in {f"{s}.jsonl" for s in written} | {SUMMARY}:
-                with atomic_path(out_dir / f.name) as tmp:
-                    shutil.copyfile(f, tmp)
-    for split, objs in written.items():
-        with atomic_path(out_dir / f"{split}.jsonl") as tmp:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for obj in objs:
-                    fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    atomic_write_json(out_dir / SUMMARY, summary)
+        written[split], counts = _derive_split(split, paths[split], split_rows, retriever, k_used, batch_size,
+                                               max_expansions, progress)
+        summary["splits"][split] = {key: counts[key] for key in _COUNTS}
+    _write_outputs(data_dir, Path(out) if out else data_dir, written, summary)
     return summary

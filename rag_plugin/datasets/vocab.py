@@ -54,7 +54,7 @@ def load_spm(spm_model_path: PathLike):
     path = Path(spm_model_path)
     if not path.is_file():
         raise UserError("SentencePiece model not found", path=str(path),
-                        fix="build it with scripts/prepare_demo_data.py or pass the right path")
+                        fix="build it with examples/demo/prepare_demo_data.py or pass the right path")
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(str(path))

@@ -1,13 +1,23 @@
-"""Atomic file output: nothing that looks complete is written before it is."""
+"""File input and output shared by the whole plugin.
+
+* Atomic output (:func:`atomic_path`, :func:`atomic_write_text`, :func:`atomic_write_json`):
+  nothing that looks complete is written before it is.
+* Input files, optionally gzip-compressed (``.gz``): :func:`require_file`, :func:`open_binary`,
+  :func:`open_text`, :func:`decoded_lines`, :func:`utf8_error`.
+* The one JSONL reader, :func:`iter_jsonl`: ``(line number, object)`` per non-blank line, every
+  problem a one-line :class:`~rag_plugin.util.errors.UserError` naming the file and line.
+"""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
-from typing import Iterator, Tuple, Union
+from typing import IO, Iterator, Optional, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -46,6 +56,39 @@ def atomic_write_json(path: PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def is_gzip(path: PathLike) -> bool:
+    """Whether ``path`` names a gzip-compressed file (by its ``.gz`` suffix)."""
+    return str(path).lower().endswith(".gz")
+
+
+def require_file(path: PathLike, what: str = "input file", fix: Optional[str] = None) -> Path:
+    """``path`` as a :class:`~pathlib.Path` if it is an existing file, else a one-line
+    :class:`~rag_plugin.util.errors.UserError` saying which ``what`` is missing."""
+    from rag_plugin.util.errors import UserError
+
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{what} not found", path=str(p), fix=fix or "check the path")
+    if not p.is_file():
+        raise UserError(f"{what} is not a file", path=str(p), fix=fix or "pass a file")
+    return p
+
+
+def open_binary(path: PathLike, what: str = "input file") -> IO[bytes]:
+    """An existing file opened for binary reading, through gzip when it ends in ``.gz``."""
+    p = require_file(path, what)
+    return gzip.open(p, "rb") if is_gzip(p) else open(p, "rb")
+
+
+def open_text(path: PathLike, newline: Optional[str] = None, what: str = "input file") -> IO[str]:
+    """An existing UTF-8 file (a leading byte-order mark dropped) opened for text reading,
+    through gzip when it ends in ``.gz``."""
+    p = require_file(path, what)
+    if is_gzip(p):
+        return gzip.open(p, "rt", encoding="utf-8-sig", newline=newline)
+    return open(p, "r", encoding="utf-8-sig", newline=newline)
+
+
 def decoded_lines(fh, path) -> Iterator[Tuple[int, str]]:
     """``(line number, text)`` of an open binary file, line ends kept; a line that is not
     UTF-8 is a one-line :class:`~rag_plugin.util.errors.UserError` naming the file and line."""
@@ -59,13 +102,41 @@ def decoded_lines(fh, path) -> Iterator[Tuple[int, str]]:
                             fix="re-encode the file as UTF-8") from None
 
 
+JSONL_FIX = "each line must be one JSON object"
+
+
+def iter_jsonl(path: PathLike, fix: str = JSONL_FIX, what: str = "input file") -> Iterator[Tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line of a JSONL file (``.gz`` read through
+    gzip), streamed. A missing file, a line that is not UTF-8, not JSON or not a JSON object, and
+    a damaged ``.gz`` are one-line :class:`~rag_plugin.util.errors.UserError` s naming the file
+    and line; ``fix`` says what a line should look like, ``what`` what the file is."""
+    from rag_plugin.util.errors import UserError
+
+    with open_binary(path, what) as fh:
+        try:
+            for lineno, line in decoded_lines(fh, path):
+                line = (line.lstrip("\ufeff") if lineno == 1 else line).strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UserError(f"invalid JSON ({err.msg}, column {err.colno})", path=str(path),
+                                    line=lineno, fix=fix) from None
+                except RecursionError:
+                    raise UserError("JSON nested too deeply", path=str(path), line=lineno, fix=fix) from None
+                if not isinstance(obj, dict):
+                    raise UserError("line is not a JSON object", path=str(path), line=lineno, fix=fix)
+                yield lineno, obj
+        except (OSError, EOFError, zlib.error) as err:  # a truncated or corrupt .gz
+            raise UserError(f"cannot read ({err})", path=str(path), fix="re-download the file") from None
+
+
 def first_invalid_utf8_line(path: PathLike) -> Tuple[int, int]:
     """``(line number, byte offset in that line)`` of the first bytes of ``path`` (``.gz`` read
     through gzip) that are not UTF-8; ``(0, 0)`` if there are none. For readers that decode in
     large chunks and so cannot tell which line a decoding error is on."""
-    import gzip
-
-    opener = gzip.open if str(path).lower().endswith(".gz") else open
+    opener = gzip.open if is_gzip(path) else open
     with opener(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:

@@ -87,16 +87,18 @@ def _read(path):
 
 def test_derive_targets_with_controlled_passages(tmp_path):
     data = tmp_path / "ct"
-    train = [{"id": "t0", "input": "who founded ibm", "output": [{"answer": FLINT}], "meta": {"answer_is_regex": True}},
-             {"id": "t1", "input": "beatles?", "output": [{"answer": "(the )?Beatles"}], "meta": {"answer_is_regex": True}},
+    regex = {"answer_is_regex": True}
+    train = [{"id": "t0", "input": "who founded ibm", "output": [{"answer": FLINT}], "meta": regex},
+             {"id": "t1", "input": "beatles?", "output": [{"answer": "(the )?Beatles"}], "meta": regex},
              {"id": "t2", "input": "plain", "output": [{"answer": "Paris"}]},
-             {"id": "t3", "input": "digits", "output": [{"answer": r"\d+"}], "meta": {"answer_is_regex": True}}]
+             {"id": "t3", "input": "digits", "output": [{"answer": r"\d+"}], "meta": regex}]
     _write(data / "train.jsonl", train)
     _write(data / "valid.jsonl", train[:1])
     test_rows = [dict(train[0], id="s0")]
     _write(data / "test.jsonl", test_rows)
     (data / "prepare.json").write_text("{}\n")
-    hits = {"who founded ibm": [("IBM", "Flint's company"), ("Charles Flint", "Charles R. Flint, the Father of Trusts")],
+    hits = {"who founded ibm": [("IBM", "Flint's company"),
+                                ("Charles Flint", "Charles R. Flint, the Father of Trusts")],
             "beatles?": [("Music", "no band here")], "digits": [("Nothing", "no numbers")]}
     fake = FakeRetriever(hits)
     summary = derive_targets(str(data), "unused", k=1000, out=str(tmp_path / "out"), progress=False,
@@ -189,4 +191,5 @@ def test_script_bad_data_dir_is_one_line_error(tiny_world, tmp_path):
                            str(tmp_path / "nope"), "--knowledge", str(tiny_world["ks"])],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: ") and "nope" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "nope" in lines[0]
