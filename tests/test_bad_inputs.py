@@ -353,19 +353,19 @@ def case_table() -> List[Case]:
 
     def p_nq_utf8(d, w):
         lines(d / "nq.csv", b"who is x\t['a']\nwhat is \xff\t['b']\n", raw=True)
-        return py("prepare_nq.py", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
+        return py("prepare.py", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
 
     def p_nq_columns(d, w):
         lines(d / "nq.csv", ["who is x\t['a']", "what is y"])
-        return py("prepare_nq.py", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
+        return py("prepare.py", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
 
     def p_kilt_cut(d, w):
         rows = [json.dumps({"id": f"t{i}", "input": "q?", "output": [{"answer": "a"}]}) for i in range(3)]
         (d / "kilt.jsonl").write_text("\n".join(rows)[:-20])
-        return py("prepare_triviaqa.py", "--out", "tqa", "--train", "kilt.jsonl", "--dev", "kilt.jsonl", "--quiet")
+        return py("prepare.py", "triviaqa", "--out", "tqa", "--train", "kilt.jsonl", "--dev", "kilt.jsonl", "--quiet")
 
     def p_missing_out(d, w):
-        return py("prepare_webquestions.py", "--train", "wq.json")
+        return py("prepare.py", "webquestions", "--train", "wq.json")
 
     def p_pickled_vectors(d, w):
         import pickle
@@ -507,11 +507,11 @@ def case_table() -> List[Case]:
         Case("leaderboard: --system without =", l_pair, ["NAME=FILE"]),
         Case("leaderboard: one system misses ids", l_one_bad_system, ["bad.jsonl:", "no prediction"],
              ["board.json", "board.md"]),
-        # --- prepare_*.py
+        # --- prepare.py (rag-prepare)
         Case("prepare_nq: not UTF-8", p_nq_utf8, ["nq.csv:2:", "UTF-8"], ["nq"]),
         Case("prepare_nq: wrong column count", p_nq_columns, ["nq.csv:2:", "2 tab-separated columns"], ["nq"]),
         Case("prepare_triviaqa: JSONL cut short", p_kilt_cut, ["kilt.jsonl:3:", "invalid JSON"], ["tqa"]),
-        Case("prepare_webquestions: no --out", p_missing_out, ["--out", "prepare_webquestions.py --help"]),
+        Case("prepare_webquestions: no --out", p_missing_out, ["--out", "rag-prepare webquestions --help"]),
         Case("prepare_psgs_w100: pickled vectors", p_pickled_vectors, ["vectors.pkl:", "refusing to unpickle"],
              ["ks_out"], marker=True),
         # --- fairseq-train
