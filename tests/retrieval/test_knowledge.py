@@ -61,7 +61,7 @@ def test_truncated_index_is_refused(tmp_path):
     p = tmp_path / "ks" / "index.faiss"
     p.write_bytes(p.read_bytes()[:1000])
     with pytest.raises(UserError, match="corrupted or truncated"):
-        KnowledgeSource(str(tmp_path / "ks")).index
+        _ = KnowledgeSource(str(tmp_path / "ks")).index
 
 
 def test_dimension_mismatch_is_refused(tmp_path):
