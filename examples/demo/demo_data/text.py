@@ -10,6 +10,7 @@ import unicodedata
 from collections import Counter
 from typing import Iterable, List, Sequence
 
+
 def uniform(seed: int, key: str) -> float:
     """A deterministic uniform number in [0, 1) for (seed, key) (independent of PYTHONHASHSEED)."""
     digest = hashlib.sha256(f"{seed}\x00{key}".encode("utf-8")).digest()
