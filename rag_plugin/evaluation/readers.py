@@ -105,6 +105,7 @@ def _check_answer_pattern(g: GoldExample, path: str) -> None:
 
 def read_gold(path: str) -> List[GoldExample]:
     """Read a KILT gold file: ids, answers (all aliases) and per-output provenance ids."""
+    check_file(path, "gold file", "pass --gold with a KILT JSONL file, e.g. the test.jsonl rag-prepare wrote")
     records = _read_kilt_records(path)
     gold = [GoldExample(r.id, r.input, list(r.answers), sets, dict(r.meta or {}), r.line)
             for r, sets in zip(records, _evidence_sets(path, records))]
