@@ -5,7 +5,7 @@
 * :mod:`~rag_plugin.conversion.hf_rag` -- a Hugging Face ``RagTokenForGeneration`` /
   ``RagSequenceForGeneration`` folder (``rag-token-nq``, ``rag-sequence-nq``) -> a plugin
   checkpoint directory (``scripts/convert_hf_rag.py``).
-* :mod:`~rag_plugin.build.hf_knowledge` -- a Hugging Face knowledge dataset (``title``,
+* :mod:`~rag_plugin.build.import_knowledge` -- a Hugging Face knowledge dataset (``title``,
   ``text``, ``embeddings`` [+ its FAISS index]) or DPR's ``psgs_w100.tsv`` with precomputed
   embeddings -> a knowledge source (``scripts/import_hf_knowledge.py``).
 

@@ -18,16 +18,14 @@ malformed lines. Nothing is silently skipped.
 """
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.evaluation.fairseq_output import align_fairseq, read_fairseq_generate
 from rag_plugin.evaluation.records import GoldExample, Guess, check_file, list_ids, text_lines
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import decoded_lines
+from rag_plugin.util.io import iter_jsonl
 
 FORMATS = ("auto", "kilt", "fairseq")
 
@@ -36,60 +34,11 @@ KILT_GUESS_FIX = ('each line must be {"id": ..., "output": [{"answer": "...", '
 ANSWER_PATTERN_FIX = "rerun rag-curatedtrec-targets on the rag-prepare curatedtrec output"
 
 
-# TODO(lead): switch to rag_plugin.util.io.iter_jsonl (same name and signature) once it lands
-def iter_jsonl(path, fix: str) -> Iterator[Tuple[int, dict]]:
-    """``(line number, object)`` of each non-blank line of a JSONL file; a line that is not UTF-8,
-    not JSON or not a JSON object is a one-line :class:`UserError` naming the file and line."""
-    with open(path, "rb") as fh:
-        for lineno, line in decoded_lines(fh, path):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"invalid JSON ({err.msg})", path=str(path), line=lineno, fix=fix) from None
-            if not isinstance(obj, dict):
-                raise UserError("a line is not a JSON object", path=str(path), line=lineno, fix=fix)
-            yield lineno, obj
-
-
 # ================================================================================== gold
 def _read_kilt_records(path: str):
     """read_kilt as the fairseq task reads evaluation splits: records with an empty question
     are kept (generation answers every line, so example N is record N), without the warning."""
-    kilt_logger = logging.getLogger(read_kilt.__module__)
-    level = kilt_logger.level
-    kilt_logger.setLevel(logging.ERROR)
-    try:
-        return read_kilt(path, require_answers=True, allow_empty_input=True)
-    finally:
-        kilt_logger.setLevel(level)
-
-
-def _output_evidence_sets(obj: dict) -> List[List[str]]:
-    """Per gold output of a KILT record, its provenance ids (stripped)."""
-    sets = []
-    for out in obj.get("output") or []:
-        ids = []
-        for prov in out.get("provenance") or []:
-            if isinstance(prov, dict):
-                pid = prov.get("id", prov.get("wikipedia_id"))
-                if pid is not None:
-                    ids.append(str(pid).strip())
-        sets.append(ids)
-    return sets
-
-
-def _evidence_sets(path: str, records) -> List[List[List[str]]]:
-    """The evidence sets of each record: the reader's own when it keeps them per output
-    (``QARecord.evidence_sets``), else from a second pass over the file (already validated)."""
-    if all(hasattr(r, "evidence_sets") for r in records):
-        return [[[str(pid).strip() for pid in ids] for ids in r.evidence_sets] for r in records]
-    # TODO(lead): drop this second pass once rag_plugin.data.kilt.QARecord keeps evidence_sets
-    sets = [_output_evidence_sets(obj) for _, obj in iter_jsonl(path, fix="rerun")]
-    if len(sets) != len(records):  # the file changed between the two passes
-        raise UserError("gold file changed while it was read", path=path, fix="rerun")
-    return sets
+    return read_kilt(path, require_answers=True, allow_empty_input=True, warn_empty_input=False)
 
 
 def _check_answer_pattern(g: GoldExample, path: str) -> None:
@@ -107,8 +56,8 @@ def read_gold(path: str) -> List[GoldExample]:
     """Read a KILT gold file: ids, answers (all aliases) and per-output provenance ids."""
     check_file(path, "gold file", "pass --gold with a KILT JSONL file, e.g. the test.jsonl rag-prepare wrote")
     records = _read_kilt_records(path)
-    gold = [GoldExample(r.id, r.input, list(r.answers), sets, dict(r.meta or {}), r.line)
-            for r, sets in zip(records, _evidence_sets(path, records))]
+    gold = [GoldExample(r.id, r.input, list(r.answers), [list(ids) for ids in r.evidence_sets], dict(r.meta or {}),
+                        r.line) for r in records]
     for g in gold:
         _check_answer_pattern(g, path)
     return gold

@@ -21,7 +21,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import atomic_write_json
+from rag_plugin.util.io import READ_ERRORS, atomic_write_json, iter_jsonl, unreadable_file_error
 
 STORE_FORMAT = "rag_plugin.passages/1"
 STRING_FIELDS = ("ids", "titles", "texts")
@@ -43,7 +43,6 @@ def _is_gzip(path: Path) -> bool:
 def _raw_lines(path: Path) -> Iterator[bytes]:
     """The file's lines as bytes (a ``.gz`` file decompressed); a damaged gzip file is a UserError."""
     import gzip
-    import zlib
 
     if not path.is_file():
         raise UserError("passages file not found", path=str(path),
@@ -55,9 +54,8 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
     try:
         with gzip.open(path, "rb") as fh:
             yield from fh
-    except (OSError, EOFError, zlib.error) as err:
-        raise UserError(f"not a readable gzip file ({err})", path=str(path),
-                        fix="download it again, or pass the decompressed file") from None
+    except READ_ERRORS as err:
+        raise unreadable_file_error(path, err) from None
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:
@@ -122,22 +120,11 @@ def _check_tsv_header(parts: List[str], path: Path) -> None:
 
 
 def _read_jsonl(path: Path) -> Iterator[Tuple[int, Passage]]:
-    for lineno, raw in enumerate(_raw_lines(path), 1):
-        line = _decode(raw, path, lineno).strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UserError(f"invalid JSON ({err.msg})", path=str(path), line=lineno,
-                            fix='each line must be {"id": ..., "title": ..., "text": ...}') from None
-        if not isinstance(obj, dict):
-            raise UserError("line is not a JSON object", path=str(path), line=lineno,
-                            fix='each line must be {"id": ..., "title": ..., "text": ...}')
+    fix = 'each line must be {"id": ..., "title": ..., "text": ...}'
+    for lineno, obj in iter_jsonl(path, fix=fix, what="passage file"):
         missing = [k for k in ("id", "text") if k not in obj]
         if missing:
-            raise UserError(f"missing field(s) {', '.join(missing)}", path=str(path), line=lineno,
-                            fix='each line must be {"id": ..., "title": ..., "text": ...}')
+            raise UserError(f"missing field(s) {', '.join(missing)}", path=str(path), line=lineno, fix=fix)
         title = obj.get("title") or ""
         if not isinstance(obj["text"], str) or not isinstance(title, str):
             raise UserError("fields 'title' and 'text' must be strings", path=str(path),

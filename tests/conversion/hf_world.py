@@ -156,6 +156,11 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
     forms = {}
     columns = {"title": TITLES, "text": TEXTS, "embeddings": [v.tolist() for v in vectors]}
     try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("datasets")
+        if spec is None or spec.origin is None:  # not installed (tests/datasets is a namespace folder, not it)
+            raise ImportError("datasets")
         import datasets
 
         ds = datasets.Dataset.from_dict(columns)

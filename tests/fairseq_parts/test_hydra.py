@@ -33,13 +33,9 @@ def test_demo_rag_seq_tiny_trains_with_hydra(tiny_world, tmp_path):
     assert "RagSequenceModel: trainable parameters" in log
     assert not (tmp_path / "outputs").exists()     # the config keeps hydra in the working directory
 
-    import fairseq  # noqa: F401
-    from fairseq import checkpoint_utils
+    from rag_plugin.hub import load_fairseq_checkpoint
 
-    import rag_plugin
-
-    rag_plugin.register()
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    state = load_fairseq_checkpoint(str(save / "checkpoint_last.pt"))
     assert state["cfg"]["model"]["_name"] == "rag_seq_tiny"
     assert state["cfg"]["task"]["n_docs"] == 3
     weights = state["model"]
