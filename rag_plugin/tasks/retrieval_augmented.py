@@ -42,7 +42,9 @@ class RetrievalAugmentedConfig(FairseqDataclass):
     knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
                                                          "at generation time another one with the same document "
                                                          "encoder may be swapped in"})
-    n_docs: int = field(default=5, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART"})
+    n_docs: Optional[int] = field(
+        default=None, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART. Default: 5 in "
+                                        "training; at generation (--path) the K the checkpoint was trained with"})
     retriever: ChoiceEnum(["dense", "bm25"]) = field(
         default="dense", metadata={"help": "dense (trainable query encoder, MIPS) or bm25 (fixed; BM25 scores as "
                                            "logits of p(z|x), the paper's ablation)"})
@@ -57,12 +59,48 @@ class RetrievalAugmentedConfig(FairseqDataclass):
     doc_posterior_out: Optional[str] = field(
         default=None, metadata={"help": "generation, rag_token: write each answer's per-token document posterior "
                                         "as JSON lines (plot with rag-plot-posterior)"})
+    progress_interval: float = field(
+        default=30.0, metadata={"help": "generation: log the questions answered, seconds per question and time left "
+                                        "every this many seconds (0: after every batch; -1: never)"})
     train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
                                                                       "(default: the first answer only)"})
     seed: int = II("common.seed")
     quiet: bool = II("common_eval.quiet")
     post_process: Optional[str] = II("common_eval.post_process")
     gen_subset: str = II("dataset.gen_subset")
+    checkpoint_path: Optional[str] = II("common_eval.path")
+
+
+#: K when neither --n-docs nor a checkpoint says
+DEFAULT_N_DOCS = 5
+
+
+def interpolated(cfg, name: str, default=None):
+    """An option a task config takes from fairseq's by interpolation (``${common_eval.quiet}``, ...); ``default``
+    where there is none to take (a config built without fairseq's around it)."""
+    try:
+        value = getattr(cfg, name, default)
+    except Exception:  # omegaconf: the interpolation's target is not in this config
+        return default
+    return default if isinstance(value, str) and value.startswith("${") else value
+
+
+def trained_n_docs(cfg) -> int:
+    """K for a run that did not give --n-docs: the checkpoint's (fairseq-generate/-interactive/-validate with
+    --path: a closed-book checkpoint generates closed book), else :data:`DEFAULT_N_DOCS`."""
+    path = interpolated(cfg, "checkpoint_path")
+    if not path:
+        return DEFAULT_N_DOCS
+    from rag_plugin.util.safe_load import checkpoint_types_allowed
+
+    try:
+        with checkpoint_types_allowed():  # the tensors stay on disk (mmap): only the config is read
+            state = torch.load(str(path).split(":")[0], map_location="cpu", weights_only=True, mmap=True)
+        k = int(state["cfg"]["task"]["n_docs"])
+    except Exception:  # unreadable: fairseq's loader reports it in one line when it loads the model
+        return DEFAULT_N_DOCS
+    logger.info("--n-docs %d: as the checkpoint was trained (pass --n-docs to change it)", k)
+    return k
 
 
 @register_task("retrieval_augmented", dataclass=RetrievalAugmentedConfig)
@@ -87,6 +125,7 @@ class RetrievalAugmentedTask(FairseqTask):
         # fairseq-interactive: the ids it prints for the batches to come (see build_dataset_for_inference)
         self._interactive = {"next_id": 0, "dataset": None, "batches": deque()}
         self.collapse = CollapseMonitor()  # warns when retrieval collapses in training
+        self._generation_progress = None
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -96,6 +135,8 @@ class RetrievalAugmentedTask(FairseqTask):
         if not cfg.knowledge:
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
+        if cfg.n_docs is None:
+            cfg.n_docs = trained_n_docs(cfg)
         if cfg.n_docs < 0:
             raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}",
                             fix="use --n-docs 0 (closed book) up to the number of passages")
@@ -115,13 +156,8 @@ class RetrievalAugmentedTask(FairseqTask):
         return cls(cfg, knowledge, dictionary, tokenizer, text_encoder)
 
     def fairseq_option(self, name: str, default=None):
-        """An option this task's config takes from fairseq's (``quiet``, ``post_process``, ``gen_subset``) by
-        interpolation; ``default`` where there is none to take (a config built without fairseq's around it)."""
-        try:
-            value = getattr(self.cfg, name, default)
-        except Exception:  # omegaconf: the interpolation's target is not in this config
-            return default
-        return default if isinstance(value, str) and value.startswith("${") else value
+        """An option this task's config takes from fairseq's (``quiet``, ``post_process``, ``gen_subset``)."""
+        return interpolated(self.cfg, name, default)
 
     @property
     def source_dictionary(self):
@@ -342,7 +378,23 @@ class RetrievalAugmentedTask(FairseqTask):
         rows, doc_lp = retrieval_of(hypos)
         if doc_lp is not None:
             self._write_provenance(models[0], generator, sample, hypos, rows, doc_lp)
+        self._progress().update(len(hypos))
         return hypos
+
+    def _progress(self):
+        if self._generation_progress is None:
+            from rag_plugin.generation.progress import GenerationProgress
+
+            self._generation_progress = GenerationProgress(self.cfg.progress_interval, self._generation_size())
+        return self._generation_progress
+
+    def _generation_size(self) -> Optional[int]:
+        """How many questions this run generates for: fairseq-generate's --gen-subset, else the one split
+        loaded; None (fairseq-interactive, the hub) when unknown."""
+        name = self.fairseq_option("gen_subset")
+        subset = self.datasets.get(name) if name else (next(iter(self.datasets.values())) if len(self.datasets) == 1
+                                                      else None)
+        return len(subset) if subset is not None else None
 
     def _write_provenance(self, model, generator, sample, hypos, rows, doc_lp) -> None:
         """Z lines into fairseq's output (none with --quiet); --provenance-out / --doc-posterior-out files."""
@@ -353,10 +405,7 @@ class RetrievalAugmentedTask(FairseqTask):
         lines = [] if self.fairseq_option("quiet", False) else provenance.z_lines(ids, rows, doc_lp, store)
         if lines:
             (self.output_stream or sys.stdout).write("\n".join(lines) + "\n")
-        name = self.fairseq_option("gen_subset")  # fairseq-generate: every sample of --gen-subset; else the one split
-        subset = self.datasets.get(name) if name else (next(iter(self.datasets.values())) if len(self.datasets) == 1
-                                                      else None)
-        expected = len(subset) if subset is not None else None
+        expected = self._generation_size()
         if self.cfg.provenance_out:
             self._jsonl(self.cfg.provenance_out, expected).write(
                 provenance.provenance_records(ids, rows, doc_lp, store))
