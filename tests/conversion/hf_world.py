@@ -46,8 +46,20 @@ WORDS = ("what is the capital of who wrote how long river was king where an isla
          "tonesu mirato garipo delo lomira vista sune").split()
 
 
+def _hide_shadowed_datasets() -> None:
+    """Without the `datasets` package, tests/datasets (a namespace package while pytest has tests/ on sys.path)
+    imports under its name, and transformers would take it for `datasets` and fail importing its RagRetriever."""
+    try:
+        import datasets
+    except ImportError:
+        return
+    if not hasattr(datasets, "Dataset"):
+        sys.modules["datasets"] = None
+
+
 def transformers():
     sys.modules.setdefault("torchaudio", None)  # the installed torchaudio does not load against this torch
+    _hide_shadowed_datasets()
     import pytest
 
     return pytest.importorskip("transformers")
@@ -158,13 +170,15 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
     try:
         import datasets
 
+        # without the `datasets` package, tests/datasets (a namespace package when tests/ is on sys.path) may
+        # import under that name: it has no Dataset (AttributeError)
         ds = datasets.Dataset.from_dict(columns)
         ds.save_to_disk(str(folder / "hf_dataset"))
         ds.add_faiss_index(column="embeddings", metric_type=faiss.METRIC_INNER_PRODUCT)
         ds.get_index("embeddings").save(str(folder / "hf_dataset_index.faiss"))
         forms["save_to_disk"] = folder / "hf_dataset"
         forms["written_by"] = "datasets"
-    except ImportError:
+    except (ImportError, AttributeError):
         try:
             import pyarrow as pa
         except ImportError:
@@ -202,7 +216,7 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
     with open(folder / "psgs.tsv", "w", encoding="utf-8", newline="") as fh:
         out = csv.writer(fh, delimiter="\t", lineterminator="\n")
         out.writerow(["id", "text", "title"])
-        for i, (t, x) in enumerate(zip(TITLES, TEXTS)):
+        for i, (t, x) in enumerate(zip(TITLES, TEXTS, strict=True)):
             fh.write(f'{i}\t"{x.replace(chr(34), chr(34) * 2)}"\t')
             out.writerow([t])
     np.save(folder / "psgs.npy", vectors)
