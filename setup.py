@@ -4,6 +4,7 @@ from setuptools import find_packages, setup
 CONSOLE_SCRIPTS = [
     "rag-train = rag_plugin.cli.fairseq_commands:train",            # fairseq-train with the plugin loaded
     "rag-generate = rag_plugin.cli.fairseq_commands:generate",      # fairseq-generate with the plugin loaded
+    "rag-user-dir = rag_plugin.cli.fairseq_commands:user_dir",      # the plugin's folder, for --user-dir
     "rag-build-knowledge = rag_plugin.cli.build_knowledge:main",
     "rag-import-knowledge = rag_plugin.cli.import_knowledge:main",
     "rag-search = rag_plugin.cli.search:main",

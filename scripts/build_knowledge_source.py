@@ -1,69 +1,8 @@
 #!/usr/bin/env python
-"""Build a knowledge source: passages -> (split) -> pre-tokenize -> embed -> FAISS index.
-
-    python scripts/build_knowledge_source.py --passages FILE --out DIR \
-        [--encoder minilm|dpr:PATH|hf-dpr:PATH] [--index-factory Flat|HNSW32|IVF256,SQ8|...] \
-        [--split-words N] [--dict dict.txt --bpe-model spm.model]
-
-Resumable: rerun the same command after an interruption and finished shards are skipped. A rerun
-whose encoder differs from the one the vectors were made with (e.g. new weights at the same
-hf-dpr:DIR) is refused, never mixed or called up to date.
-"""
-import argparse
+"""Build a knowledge source; see `rag-build-knowledge --help` (rag_plugin/cli/build_knowledge.py)."""
 import sys
 
-from rag_plugin.util.errors import cli_main
-from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--passages", required=True, nargs="+",
-                   help="DPR-layout .tsv (id, text, title) or .jsonl (id, title, text) files, read as one collection")
-    p.add_argument("--out", required=True, help="output directory (new, empty, or an unfinished build to resume)")
-    p.add_argument("--encoder", default="minilm",
-                   help="document encoder: minilm | dpr:CHECKPOINT | hf-dpr:DIR (default: minilm)")
-    p.add_argument("--index-factory", default="Flat",
-                   help="FAISS factory string, inner-product metric: Flat, HNSW32, IVF4096,SQ8, IVF256,PQ32 ...")
-    p.add_argument("--split-words", type=int, default=None,
-                   help="split documents into passages of this many words (the paper uses 100)")
-    add_tokenizer_arguments(p, "plugin", "default: plugin")
-    p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
-    p.add_argument("--shard-size", type=int, default=2048,
-                   help="passages per embedding shard (the unit of resume; a resumed build keeps the one it began with)")
-    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
-    p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads (default: all CPUs)")
-    p.add_argument("--reuse-vectors-from", default=None, metavar="KS_DIR",
-                   help="copy the vectors of unchanged passages (same id, title, text) from an existing knowledge "
-                        "source with the same document encoder; embed only new or edited ones")
-    p.add_argument("--restart", action="store_true", help="discard an unfinished build in --out and start over")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
-
-
-@cli_main
-def main(argv=None):
-    args = parse_args(argv)
-    import torch
-
-    from rag_plugin.retrieval.index import set_faiss_threads
-    from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    set_faiss_threads(args.threads)
-    passages = args.passages[0] if len(args.passages) == 1 else args.passages
-    settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
-                             split_words=args.split_words, dict=args.dict, bpe_model=args.bpe_model,
-                             gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
-                             train_size=args.train_size, seed=args.seed,
-                             input_format=InputFormat.parse(args.input_format).identity())
-    build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
-                           restart=args.restart, progress=not args.quiet, reuse_vectors_from=args.reuse_vectors_from,
-                           log=lambda m: print(m, file=sys.stderr))
-
+from rag_plugin.cli.build_knowledge import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,51 +1,8 @@
 #!/usr/bin/env python
-"""Score predictions against a KILT gold file; print a JSON object metric -> value.
-
-    python scripts/evaluate.py --gold valid.jsonl --guess generate.out --task qa
-    python scripts/evaluate.py --gold valid.jsonl --guess preds.jsonl \\
-        --metrics em,f1,rprec,recall@5,answer_in_top5 --passages KNOWLEDGE_DIR --json-out scores.json
-
---guess is the stdout of fairseq-generate with the plugin (S-/T-/H-/D-/P- lines plus Z-N
-provenance lines, N the 0-based index of the example in --gold) or a KILT JSONL file
-({"id", "output": [{"answer", "provenance": [{"id"}]}]}); --guess-format auto tells them apart.
-
-Metrics (values in percent): em, f1, bleu1, rougeL, bleu (sacrebleu BLEU-4), accuracy (FEVER
-3-way), accuracy2 (FEVER 2-way: NOT ENOUGH INFO claims excluded), distinct<N>, rprec,
-recall@<K>, precision@<K>, answer_in_top<K> (needs passage texts: --passages).
-Task defaults: qa: em,f1 | jeopardy: bleu1,distinct3 | msmarco: rougeL,bleu1,bleu,distinct3 |
-fever: accuracy,accuracy2. Without --task or --metrics: em,f1. Q-BLEU-1 is not implemented
-(see rag_plugin/evaluation/metrics.py: bleu1).
-"""
-import argparse
-import json
+"""Score predictions against a KILT gold file; see `rag-evaluate --help` (rag_plugin/cli/evaluate.py)."""
 import sys
 
-from rag_plugin.util.errors import cli_main
-from rag_plugin.cli.common import ArgumentParser
-from rag_plugin.evaluation.readers import FORMATS
-from rag_plugin.evaluation.scoring import TASKS, default_metrics, evaluate_files, parse_metrics
-from rag_plugin.util.io import atomic_write_json
-
-
-@cli_main
-def main(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gold", required=True, help="KILT JSONL gold file (ids, answers, provenance)")
-    p.add_argument("--guess", required=True, help="fairseq-generate output or KILT JSONL predictions")
-    p.add_argument("--task", choices=TASKS, help="pick the paper's metrics for this task")
-    p.add_argument("--metrics", help="comma-separated metric names (overrides --task)")
-    p.add_argument("--guess-format", choices=FORMATS, default="auto", help="default: auto")
-    p.add_argument("--passages", help="knowledge-source directory or passages .jsonl/.tsv (answer_in_top<K>)")
-    p.add_argument("--json-out", help="also write the JSON object here (atomically)")
-    args = p.parse_args(argv)
-
-    names = parse_metrics(args.metrics) if args.metrics is not None else default_metrics(args.task)
-    scores = evaluate_files(args.gold, args.guess, names, args.guess_format, args.passages)
-    if args.json_out:
-        atomic_write_json(args.json_out, scores)
-    sys.stdout.write(json.dumps(scores, indent=2) + "\n")
-    sys.stdout.flush()
-
+from rag_plugin.cli.evaluate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,78 +1,8 @@
 #!/usr/bin/env python
-"""Import passages with precomputed embeddings as a knowledge source (no re-embedding).
-
-    # a Hugging Face knowledge dataset (title, text, embeddings): save_to_disk folder, .arrow or .parquet
-    python scripts/import_hf_knowledge.py --dataset my_knowledge_dataset [--faiss-index my_index.faiss] \
-        --rag-checkpoint checkpoints/rag_sequence_nq --out ks/my_knowledge
-    # DPR's psgs_w100.tsv with its embeddings (pickles: --trust-pickles; or .npy + --ids)
-    python scripts/import_hf_knowledge.py --passages psgs_w100.tsv --vectors wikipedia_passages_*.pkl \
-        --trust-pickles --rag-checkpoint checkpoints/rag_sequence_nq --out ks/wiki_dpr
-
---rag-checkpoint (a folder written by scripts/convert_hf_rag.py) supplies the query encoder
-spec, the generator tokenizer and the input format; or give --encoder-spec, --dict with the
-subword files and --input-format yourself. Resumable: rerun the same command.
-"""
-import argparse
-import os
+"""Import precomputed vectors; see `rag-import-knowledge --help` (rag_plugin/cli/import_knowledge.py)."""
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-from rag_plugin.util.errors import cli_main  # noqa: E402
-from rag_plugin.retrieval.tokenization import add_tokenizer_arguments  # noqa: E402
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = p.add_argument_group("input (one of)")
-    src.add_argument("--dataset", default=None,
-                     help="Hugging Face dataset with title, text, embeddings [, id] columns: a save_to_disk folder, "
-                          ".arrow/.parquet file or a folder of them (read with pyarrow)")
-    src.add_argument("--passages", default=None, help="psgs_w100.tsv (id<TAB>text<TAB>title) or .jsonl")
-    p.add_argument("--vectors", nargs="+", default=[], metavar="FILE",
-                   help="with --passages: wikipedia_passages_*.pkl (needs --trust-pickles) and/or .npy arrays")
-    p.add_argument("--ids", nargs="+", default=[], metavar="FILE", help="with --passages: one ids file per .npy")
-    p.add_argument("--trust-pickles", action="store_true",
-                   help="allow unpickling .pkl files (pickles can run code: only for files you trust)")
-    p.add_argument("--faiss-index", default=None,
-                   help="an existing FAISS inner-product index over the passages in order (e.g. the dataset's "
-                        "get_index('embeddings').save(...)): checked and used instead of building one")
-    p.add_argument("--out", required=True, help="knowledge source directory (new, empty, or an unfinished import)")
-    p.add_argument("--rag-checkpoint", default=None, metavar="DIR",
-                   help="a converted RAG checkpoint folder: its query encoder, generator tokenizer and input format")
-    p.add_argument("--encoder-spec", default=None,
-                   help="spec of the query encoder that goes with the vectors (e.g. hf-dpr:DIR)")
-    p.add_argument("--encoder-identity", default=None, metavar="JSON",
-                   help="document encoder identity for the manifest (inline JSON or a file); not loaded")
-    add_tokenizer_arguments(p, None, "default: the --rag-checkpoint's, else plugin")
-    p.add_argument("--index-factory", default="Flat", help="FAISS factory string when no --faiss-index is given")
-    p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
-    p.add_argument("--shard-size", type=int, default=65536, help="rows per vectors shard (the unit of resume)")
-    p.add_argument("--threads", type=int, default=None, help="FAISS threads (default: all CPUs)")
-    p.add_argument("--restart", action="store_true", help="discard an unfinished import in --out and start over")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
-
-
-@cli_main
-def main(argv=None):
-    args = parse_args(argv)
-    from rag_plugin.build.hf_knowledge import import_hf_knowledge
-    from rag_plugin.retrieval.index import set_faiss_threads
-
-    set_faiss_threads(args.threads)
-    ks = import_hf_knowledge(
-        args.out, dataset=args.dataset, passages=args.passages, vectors=args.vectors, ids=args.ids,
-        trust_pickles=args.trust_pickles, faiss_index=args.faiss_index, rag_checkpoint=args.rag_checkpoint,
-        encoder_spec=args.encoder_spec, encoder_identity=args.encoder_identity, dict_file=args.dict,
-        bpe_model=args.bpe_model, gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
-        input_format=args.input_format, index_factory=args.index_factory, train_size=args.train_size,
-        seed=args.seed, shard_size=args.shard_size, restart=args.restart, progress=not args.quiet,
-        log=lambda m: print(m, file=sys.stderr))
-    print(f"wrote {args.out}: {len(ks)} passages, dim {ks.dim}, index {ks.manifest['index_factory']}, "
-          f"input format {ks.input_format.name}", file=sys.stderr)
-
+from rag_plugin.cli.import_knowledge import main
 
 if __name__ == "__main__":
     sys.exit(main())

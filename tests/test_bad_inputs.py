@@ -184,7 +184,7 @@ def case_table() -> List[Case]:
         return build(d, "psgs.jsonl", "--reuse-vectors-from", w["ks"])
 
     def b_reuse_other_max_length(d, w):
-        from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+        from rag_plugin.build import BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         build_knowledge_source(str(d / "old"), BuildSettings(passages=str(d / "psgs.jsonl"), encoder=FAST_ENCODER),
@@ -204,7 +204,7 @@ def case_table() -> List[Case]:
         return f"hf-dpr:{d / 'dpr'}"
 
     def b_encoder_changed(d, w):
-        from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+        from rag_plugin.build import BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         build_knowledge_source(str(d / "ks_out"), BuildSettings(passages=str(d / "psgs.jsonl"),
@@ -214,7 +214,7 @@ def case_table() -> List[Case]:
 
     def b_resume_encoder_changed(d, w):
         from rag_plugin.retrieval.encoders import load_encoder
-        from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+        from rag_plugin.build import BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         spec = dpr_encoder(d, 0)
@@ -353,26 +353,26 @@ def case_table() -> List[Case]:
 
     def p_nq_utf8(d, w):
         lines(d / "nq.csv", b"who is x\t['a']\nwhat is \xff\t['b']\n", raw=True)
-        return py("prepare_nq.py", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
+        return py("prepare.py", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
 
     def p_nq_columns(d, w):
         lines(d / "nq.csv", ["who is x\t['a']", "what is y"])
-        return py("prepare_nq.py", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
+        return py("prepare.py", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
 
     def p_kilt_cut(d, w):
         rows = [json.dumps({"id": f"t{i}", "input": "q?", "output": [{"answer": "a"}]}) for i in range(3)]
         (d / "kilt.jsonl").write_text("\n".join(rows)[:-20])
-        return py("prepare_triviaqa.py", "--out", "tqa", "--train", "kilt.jsonl", "--dev", "kilt.jsonl", "--quiet")
+        return py("prepare.py", "triviaqa", "--out", "tqa", "--train", "kilt.jsonl", "--dev", "kilt.jsonl", "--quiet")
 
     def p_missing_out(d, w):
-        return py("prepare_webquestions.py", "--train", "wq.json")
+        return py("prepare.py", "webquestions", "--train", "wq.json")
 
     def p_pickled_vectors(d, w):
         import pickle
 
         lines(d / "psgs.tsv", ["id\ttext\ttitle", "1\talpha\tA"])
         (d / "vectors.pkl").write_bytes(pickle.dumps(Evil(d / "PWNED")))
-        return py("prepare_psgs_w100.py", "--passages", "psgs.tsv", "--vectors", "vectors.pkl", "--out", "ks_out",
+        return py("import_hf_knowledge.py", "--passages", "psgs.tsv", "--vectors", "vectors.pkl", "--out", "ks_out",
                   "--encoder-spec", FAST_ENCODER)
 
     def t_arch(d, w):
@@ -507,12 +507,12 @@ def case_table() -> List[Case]:
         Case("leaderboard: --system without =", l_pair, ["NAME=FILE"]),
         Case("leaderboard: one system misses ids", l_one_bad_system, ["bad.jsonl:", "no prediction"],
              ["board.json", "board.md"]),
-        # --- prepare_*.py
+        # --- prepare.py (rag-prepare)
         Case("prepare_nq: not UTF-8", p_nq_utf8, ["nq.csv:2:", "UTF-8"], ["nq"]),
         Case("prepare_nq: wrong column count", p_nq_columns, ["nq.csv:2:", "2 tab-separated columns"], ["nq"]),
         Case("prepare_triviaqa: JSONL cut short", p_kilt_cut, ["kilt.jsonl:3:", "invalid JSON"], ["tqa"]),
-        Case("prepare_webquestions: no --out", p_missing_out, ["--out", "prepare_webquestions.py --help"]),
-        Case("prepare_psgs_w100: pickled vectors", p_pickled_vectors, ["vectors.pkl:", "refusing to unpickle"],
+        Case("prepare_webquestions: no --out", p_missing_out, ["--out", "rag-prepare webquestions --help"]),
+        Case("import_hf_knowledge: pickled vectors", p_pickled_vectors, ["vectors.pkl:", "refusing to unpickle"],
              ["ks_out"], marker=True),
         # --- fairseq-train
         Case("train: unknown --arch", t_arch, ["rag_tokn_tiny", "did you mean rag_token_tiny"], ["ckpt"]),
@@ -629,7 +629,7 @@ def check(case: Case, out: Outcome) -> List[str]:
 def bad_input_world(tiny_world, tmp_path_factory):
     """The tiny world, a checkpoint trained on it (1 update), and two more knowledge sources:
     one with another document encoder (dim 16), one of 3 passages."""
-    from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
+    from rag_plugin.build import BuildSettings, build_knowledge_source
 
     root = tmp_path_factory.mktemp("bad_inputs")
     world = dict(tiny_world)

@@ -16,8 +16,8 @@ def _name(rng, n=3):
 
 
 def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
+    from rag_plugin.build import BuildSettings, build_knowledge_source
     from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
-    from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
 
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)

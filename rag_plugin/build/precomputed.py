@@ -1,14 +1,14 @@
 """Document vectors and indexes made elsewhere, for the knowledge-source builder's hooks.
 
 * :class:`PrecomputedVectors` -- vectors computed by someone else (DPR's released passage
-  embeddings, the ``embeddings`` column of a Hugging Face knowledge dataset), placed on the
-  passage store's rows by passage id and written as the builder's embedding shards, in place
-  of running an encoder.
+  embeddings, the ``embeddings`` column of a Hugging Face knowledge dataset: read by
+  :mod:`rag_plugin.build.vector_sources`), placed on the passage store's rows by passage id and
+  written as the builder's embedding shards, in place of running an encoder.
 * :func:`use_index_file` -- an existing FAISS index over the same rows (e.g. the one saved
   with a Hugging Face dataset), checked against the vectors and used instead of building one.
 
-See :func:`rag_plugin.retrieval.knowledge.build_knowledge_source` (``precomputed=`` and
-``BuildSettings.index_file``).
+See :func:`rag_plugin.build.build_knowledge_source` (``precomputed=`` and
+``BuildSettings.index_file``) and :func:`rag_plugin.build.import_knowledge.import_knowledge`.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import atomic_path
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.passages import PassageStore
+from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path
 
 
 def _id_hash(pid: str) -> int:
@@ -75,25 +75,44 @@ class PrecomputedVectors:
     the store row of its passage id. Vectors of ids outside the collection are ignored
     (counted, logged); a passage without a vector, an id with two vectors and vectors of
     different sizes are errors. ``identity`` is the document encoder's identity for the
-    manifest; its ``dim``, when given, must be the vectors'. Duck-types the part of an
-    encoder the builder uses (``dim``, ``identity()``).
+    manifest; its ``dim``, when given, must be the vectors'. ``manifest``: more manifest entries
+    (:meth:`manifest_entries`). Duck-types the part of an encoder the builder uses (``dim``,
+    ``identity()``).
     """
 
     def __init__(self, batches: VectorBatches, identity: dict, passages_path: Optional[str] = None,
-                 missing_fix: str = "pass the vectors of every passage"):
+                 missing_fix: str = "pass the vectors of every passage", manifest: Optional[dict] = None):
         self._batches = batches
         self._identity = dict(identity)
         self.dim: Optional[int] = None
         self.passages_path = passages_path
         self.missing_fix = missing_fix
+        self._manifest = dict(manifest or {})
 
     def identity(self) -> dict:
         return {**self._identity, "dim": self._identity.get("dim", self.dim)}
+
+    def manifest_entries(self) -> dict:
+        """What the knowledge source's manifest records besides the encoder identity (where the
+        vectors came from, the query encoder to use with them)."""
+        return dict(self._manifest)
 
     def write_shards(self, store: PassageStore, shards: Path, starts: List[int], shard_size: int,
                      scratch: Path, progress: bool, log: Callable[[str], None]) -> None:
         """Align every vector to its store row (in ``scratch``, a memory map), then write the
         builder's missing shards ``shards/{start:012d}.npy`` atomically."""
+        aligned = self._align(store, scratch, progress, log)
+        for s in starts:
+            target = shards / f"{s:012d}.npy"
+            if not target.is_file():
+                with atomic_path(target) as tmp:
+                    with open(tmp, "wb") as fh:
+                        np.save(fh, np.asarray(aligned[s:s + shard_size]), allow_pickle=False)
+        del aligned
+        scratch.unlink()
+
+    def _align(self, store: PassageStore, scratch: Path, progress: bool, log: Callable[[str], None]) -> np.ndarray:
+        """float32 [N, D] memory map at ``scratch``: row r holds the vector of the store's passage r."""
         n = len(store)
         table = IdTable(store, progress)
         filled = np.zeros(n, dtype=bool)
@@ -102,22 +121,9 @@ class PrecomputedVectors:
         first_source = None
         for ids, vecs, source in self._batches():
             first_source = first_source or source
-            ids = list(ids)
-            vecs = np.asarray(vecs, dtype=np.float32)
-            if vecs.ndim != 2 or len(vecs) != len(ids):
-                raise UserError(f"vectors have shape {vecs.shape} for {len(ids)} ids", path=source,
-                                fix="one vector per passage id")
-            if self.dim is None:
-                self.dim = int(vecs.shape[1])
-                want = self._identity.get("dim")
-                if want is not None and int(want) != self.dim:
-                    raise UserError(f"vectors have dimension {self.dim}, the encoder identity says {want}",
-                                    path=source, fix="name the encoder that made these vectors (--encoder-spec / "
-                                                     "--encoder-identity)")
+            ids, vecs = self._checked(list(ids), vecs, source)
+            if aligned is None:
                 aligned = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float32, shape=(n, self.dim))
-            if vecs.shape[1] != self.dim:
-                raise UserError(f"vectors have dimension {vecs.shape[1]}, earlier ones {self.dim}", path=source,
-                                fix="all vectors must come from the same encoder")
             rows = table.lookup(ids)
             known = rows >= 0
             if not known.all():
@@ -132,25 +138,39 @@ class PrecomputedVectors:
                                     path=source, fix="pass each vectors shard once")
             aligned[krows] = vecs[known]
             filled[krows] = True
-        if self.dim is None:
+        if aligned is None:
             raise UserError("the vectors files hold no vectors", path=first_source, fix="check the files")
-        missing = np.flatnonzero(~filled)
-        if len(missing):
-            examples = ", ".join(repr(store.id(int(r))) for r in missing[:5])
-            raise UserError(f"{len(missing)} of {n} passages have no vector, e.g. ids {examples}",
-                            path=self.passages_path, fix=self.missing_fix)
+        self._check_complete(store, filled)
         if unknown:
             log(f"ignored {unknown} vectors whose ids are not in {self.passages_path or 'the passages'} "
                 f"(e.g. {', '.join(unknown_examples)})")
         aligned.flush()
-        for s in starts:
-            target = shards / f"{s:012d}.npy"
-            if not target.is_file():
-                with atomic_path(target) as tmp:
-                    with open(tmp, "wb") as fh:
-                        np.save(fh, np.asarray(aligned[s:s + shard_size]), allow_pickle=False)
-        del aligned
-        scratch.unlink()
+        return aligned
+
+    def _checked(self, ids: List[str], vecs, source: str):
+        """``(ids, float32 vectors)`` of one batch, of the shape and dimension of every other one."""
+        vecs = np.asarray(vecs, dtype=np.float32)
+        if vecs.ndim != 2 or len(vecs) != len(ids):
+            raise UserError(f"vectors have shape {vecs.shape} for {len(ids)} ids", path=source,
+                            fix="one vector per passage id")
+        if self.dim is None:
+            self.dim = int(vecs.shape[1])
+            want = self._identity.get("dim")
+            if want is not None and int(want) != self.dim:
+                raise UserError(f"vectors have dimension {self.dim}, the encoder identity says {want}",
+                                path=source, fix="name the encoder that made these vectors (--encoder-spec / "
+                                                 "--encoder-identity)")
+        if vecs.shape[1] != self.dim:
+            raise UserError(f"vectors have dimension {vecs.shape[1]}, earlier ones {self.dim}", path=source,
+                            fix="all vectors must come from the same encoder")
+        return ids, vecs
+
+    def _check_complete(self, store: PassageStore, filled: np.ndarray) -> None:
+        missing = np.flatnonzero(~filled)
+        if len(missing):
+            examples = ", ".join(repr(store.id(int(r))) for r in missing[:5])
+            raise UserError(f"{len(missing)} of {len(store)} passages have no vector, e.g. ids {examples}",
+                            path=self.passages_path, fix=self.missing_fix)
 
 
 def use_index_file(path: str, vectors: np.ndarray, log: Callable[[str], None] = print):

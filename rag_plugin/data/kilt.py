@@ -5,14 +5,13 @@ Every answer of ``output`` is a gold alias; provenance lists gold passages.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import decoded_lines
+from rag_plugin.util.io import iter_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +26,43 @@ class QARecord:
     provenance: List[str] = field(default_factory=list)  # gold passage ids
     meta: dict = field(default_factory=dict)
     line: Optional[int] = None  # line in the file it was read from
+    evidence_sets: List[List[str]] = field(default_factory=list)  # per output, its provenance ids (KILT's alternatives)
 
 
-def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool = False) -> List[QARecord]:
-    """Read and check a KILT-style JSONL file; errors name the file and line.
+def _outputs(obj: dict, path: Path, lineno: int, require_answers: bool):
+    """``(answers, provenance ids, evidence sets)`` of one record's ``output`` list."""
+    outputs = obj.get("output")
+    if outputs is None and require_answers:
+        raise UserError("missing field 'output'", path=str(path), line=lineno, fix=FIX)
+    answers, provenance, evidence_sets = [], [], []
+    for out in outputs or []:
+        if not isinstance(out, dict):
+            raise UserError("'output' must be a list of objects", path=str(path), line=lineno, fix=FIX)
+        ans = out.get("answer")
+        if isinstance(ans, str):
+            if not ans.strip():
+                raise UserError("empty target ('answer')", path=str(path), line=lineno,
+                                fix="remove the record or give it an answer")
+            answers.append(ans)
+        evidence = []
+        for prov in out.get("provenance") or []:
+            if isinstance(prov, dict):
+                pid = prov.get("id", prov.get("wikipedia_id"))
+                if pid is not None:
+                    provenance.append(str(pid))
+                    evidence.append(str(pid).strip())
+        evidence_sets.append(evidence)
+    if require_answers and not answers:
+        raise UserError("no answer in 'output'", path=str(path), line=lineno, fix=FIX)
+    return answers, provenance, evidence_sets
 
-    ``allow_empty_input``: keep records with an empty question (with a warning) so that
-    generation still answers every line.
+
+def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool = False,
+              warn_empty_input: bool = True) -> List[QARecord]:
+    """Read and check a KILT-style JSONL file (``.gz`` too); errors name the file and line.
+
+    ``allow_empty_input``: keep records with an empty question (with a warning unless
+    ``warn_empty_input`` is False) so that generation still answers every line.
     """
     p = Path(path)
     if not p.is_file():
@@ -41,50 +70,24 @@ def read_kilt(path: str, require_answers: bool = True, allow_empty_input: bool =
                         fix="DATA must hold train.jsonl/valid.jsonl (and test.jsonl) in KILT style")
     records: List[QARecord] = []
     seen = set()
-    with open(p, "rb") as fh:
-        for lineno, line in decoded_lines(fh, p):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"invalid JSON ({err.msg})", path=str(p), line=lineno, fix=FIX) from None
-            if not isinstance(obj, dict) or "input" not in obj:
-                raise UserError("missing field 'input'", path=str(p), line=lineno, fix=FIX)
-            question = obj["input"]
-            if not isinstance(question, str):
-                raise UserError("'input' must be a string", path=str(p), line=lineno, fix=FIX)
-            if not question.strip():
-                if not allow_empty_input:
-                    raise UserError("empty question ('input')", path=str(p), line=lineno,
-                                    fix="give every record a question")
+    for lineno, obj in iter_jsonl(p, fix=FIX, what="data file"):
+        if "input" not in obj:
+            raise UserError("missing field 'input'", path=str(p), line=lineno, fix=FIX)
+        question = obj["input"]
+        if not isinstance(question, str):
+            raise UserError("'input' must be a string", path=str(p), line=lineno, fix=FIX)
+        if not question.strip():
+            if not allow_empty_input:
+                raise UserError("empty question ('input')", path=str(p), line=lineno,
+                                fix="give every record a question")
+            if warn_empty_input:
                 logger.warning("%s:%d: empty question (kept, so that every line gets an answer)", p, lineno)
-            rid = str(obj.get("id", lineno))
-            if rid in seen:
-                raise UserError(f"duplicate id {rid!r}", path=str(p), line=lineno, fix="make ids unique")
-            seen.add(rid)
-            outputs = obj.get("output")
-            if outputs is None and require_answers:
-                raise UserError("missing field 'output'", path=str(p), line=lineno, fix=FIX)
-            answers, provenance = [], []
-            for out in outputs or []:
-                if not isinstance(out, dict):
-                    raise UserError("'output' must be a list of objects", path=str(p), line=lineno, fix=FIX)
-                ans = out.get("answer")
-                if isinstance(ans, str):
-                    if not ans.strip():
-                        raise UserError("empty target ('answer')", path=str(p), line=lineno,
-                                        fix="remove the record or give it an answer")
-                    answers.append(ans)
-                for prov in out.get("provenance") or []:
-                    if isinstance(prov, dict):
-                        pid = prov.get("id", prov.get("wikipedia_id"))
-                        if pid is not None:
-                            provenance.append(str(pid))
-            if require_answers and not answers:
-                raise UserError("no answer in 'output'", path=str(p), line=lineno, fix=FIX)
-            records.append(QARecord(rid, question, answers, provenance, obj.get("meta") or {}, lineno))
+        rid = str(obj.get("id", lineno))
+        if rid in seen:
+            raise UserError(f"duplicate id {rid!r}", path=str(p), line=lineno, fix="make ids unique")
+        seen.add(rid)
+        answers, provenance, evidence_sets = _outputs(obj, p, lineno, require_answers)
+        records.append(QARecord(rid, question, answers, provenance, obj.get("meta") or {}, lineno, evidence_sets))
     if not records:
         raise UserError("data file holds no records", path=str(p), fix="check the file")
     return records

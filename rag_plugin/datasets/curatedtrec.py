@@ -33,8 +33,8 @@ except ImportError:  # pragma: no cover - older Pythons
     import sre_constants as _C
     import sre_parse as _P
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation.metrics import answer_patterns, compile_answer_pattern
+from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path, atomic_write_json, iter_jsonl
 
 logger = logging.getLogger(__name__)

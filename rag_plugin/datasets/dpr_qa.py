@@ -10,12 +10,11 @@ import ast
 import csv
 import json
 import sys
-import zlib
 from typing import Iterator, List, Tuple
 
 from rag_plugin.datasets.json_stream import JsonStream
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import PathLike, open_text, utf8_error
+from rag_plugin.util.io import READ_ERRORS, PathLike, open_text, unreadable_file_error, utf8_error
 
 QAS_FIX = "each line must be question<TAB>['answer1', 'answer2'] (DPR qas format)"
 JSON_FIX = 'expected DPR retriever JSON: [{"question": ..., "answers": [...], "positive_ctxs": [...]}, ...]'
@@ -55,8 +54,8 @@ def _tsv_rows(path: PathLike) -> Iterator[Tuple[int, List[str]]]:
                                 fix="fix that line") from None
             except UnicodeDecodeError:
                 raise utf8_error(path) from None
-            except (OSError, EOFError, zlib.error) as err:  # a truncated or corrupt .gz
-                raise UserError(f"cannot read ({err})", path=str(path), fix="re-download the file") from None
+            except READ_ERRORS as err:  # a truncated or corrupt .gz
+                raise unreadable_file_error(path, err) from None
             line, prev = prev + 1, reader.line_num
             yield line, row
 

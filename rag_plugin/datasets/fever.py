@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from rag_plugin.datasets.inputs import layout_error, progress as with_progress, sniff_format
+from rag_plugin.datasets.inputs import layout_error, sniff_format
+from rag_plugin.datasets.inputs import progress as with_progress
 from rag_plugin.datasets.kilt_records import Row, kilt_fields
-from rag_plugin.datasets.writer import (DatasetWriter, clean_answers, finish_with_carving, make_record,
-                                        parse_size, plan_splits)
+from rag_plugin.datasets.writer import (
+    DatasetWriter,
+    clean_answers,
+    finish_with_carving,
+    make_record,
+    parse_size,
+    plan_splits,
+)
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import PathLike, iter_jsonl
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import html
 import json
 import re
-import zlib
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
-from rag_plugin.datasets.inputs import layout_error, progress as with_progress, sniff_format
+from rag_plugin.datasets.inputs import layout_error, sniff_format
+from rag_plugin.datasets.inputs import progress as with_progress
 from rag_plugin.datasets.json_stream import JsonStream
 from rag_plugin.datasets.writer import DatasetWriter, finish_with_carving, make_record, parse_size, plan_splits
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import PathLike, is_gzip, iter_jsonl, open_binary
+from rag_plugin.util.io import READ_ERRORS, PathLike, is_gzip, iter_jsonl, open_binary, unreadable_file_error
 
 JEOPARDY_FIX = ('expected Jeopardy items {"category", "air_date", "question", "value", "answer", "round", '
                 '"show_number"} (SearchQA per-question JSON files or JEOPARDY_QUESTIONS1.json)')
@@ -60,8 +60,8 @@ def _searchqa_items(path: PathLike) -> Iterator[Tuple[str, int, str, dict]]:
         try:
             with open_binary(f) as fh:
                 raw = fh.read()
-        except (OSError, EOFError, zlib.error) as err:  # a truncated or corrupt .gz
-            raise UserError(f"cannot read ({err})", path=f, fix="re-download the file") from None
+        except READ_ERRORS as err:  # a truncated or corrupt .gz
+            raise unreadable_file_error(f, err) from None
         try:
             obj = json.loads(raw.decode("utf-8-sig"))
         except UnicodeDecodeError:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from typing import Iterator, Optional, Tuple
 
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import PathLike, open_text, utf8_error
+from rag_plugin.util.io import READ_ERRORS, PathLike, open_text, unreadable_file_error, utf8_error
 
 _MAX_JSON_VALUE_CHARS = 512 << 20  # one element of a streamed JSON array/object
 
@@ -62,8 +61,8 @@ class JsonStream:
             data = self._fh.read(max(self.chunk, min_chars))
         except UnicodeDecodeError:
             raise utf8_error(self.path) from None
-        except (OSError, EOFError, zlib.error) as err:  # truncated or corrupt .gz
-            raise self.error(f"cannot read ({err})", fix="re-download the file") from None
+        except READ_ERRORS as err:  # truncated or corrupt .gz
+            raise unreadable_file_error(self.path, err) from None
         if not data:
             self.eof = True
             return False

@@ -16,10 +16,17 @@ import sqlite3
 from pathlib import Path
 from typing import Iterator, List, Optional
 
-from rag_plugin.datasets.inputs import layout_error, progress as with_progress, sniff_format
+from rag_plugin.datasets.inputs import layout_error, sniff_format
+from rag_plugin.datasets.inputs import progress as with_progress
 from rag_plugin.datasets.json_stream import JsonStream
-from rag_plugin.datasets.writer import (DatasetWriter, clean_answers, finish_with_carving, make_record,
-                                        parse_size, plan_splits)
+from rag_plugin.datasets.writer import (
+    DatasetWriter,
+    clean_answers,
+    finish_with_carving,
+    make_record,
+    parse_size,
+    plan_splits,
+)
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import PathLike, iter_jsonl
 

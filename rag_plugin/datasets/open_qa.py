@@ -18,8 +18,14 @@ from rag_plugin.datasets.inputs import progress as with_progress
 from rag_plugin.datasets.kilt_records import Lookup, Row
 from rag_plugin.datasets.qa_layouts import QA_FORMATS, detect_qa_format, qa_rows
 from rag_plugin.datasets.triviaqa import kilt_triviaqa_lookup
-from rag_plugin.datasets.writer import (DatasetWriter, clean_answers, finish_with_carving, make_record,
-                                        parse_size, plan_splits)
+from rag_plugin.datasets.writer import (
+    DatasetWriter,
+    clean_answers,
+    finish_with_carving,
+    make_record,
+    parse_size,
+    plan_splits,
+)
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import PathLike, require_file
 

@@ -1,6 +1,6 @@
 """The paper's evaluation metrics, as pure functions.
 
-Every function returns a float in [0, 1]; callers (``scripts/evaluate.py``) report percent.
+Every function returns a float in [0, 1]; callers (:mod:`rag_plugin.evaluation.scoring`) report percent.
 Per-example functions take one prediction; corpus functions take lists. :func:`per_example`
 turns a per-example function into a list of scores and :func:`mean` averages it.
 
@@ -12,7 +12,7 @@ Generation (Table 2): :func:`bleu1` (Jeopardy and MS-MARCO "B-1"), :func:`rouge_
   Q-BLEU-1 is *not* implemented; see :func:`bleu1` for why.
 Classification (Table 2, FEVER): :func:`label_accuracy` (3-way and 2-way).
 Retrieval against gold provenance (KILT): :func:`r_precision`, :func:`recall_at_k`,
-  :func:`precision_at_k`, and :func:`answer_in_top_k`.
+  :func:`precision_at_k`, and :func:`answer_in_top_k` (passage texts and titles).
 Regular-expression answers (CuratedTrec, ``meta.answer_is_regex``): :func:`regex_exact_match`,
   :func:`regex_token_f1` and ``answer_in_top_k(..., regex=True)``, as DrQA and DPR score them.
 
@@ -103,8 +103,8 @@ def compile_answer_pattern(pattern: str) -> Optional["re.Pattern"]:
 
 def answer_patterns(meta: dict, answers: Sequence[str]) -> List[str]:
     """The answer patterns of a regex record: ``meta.answer_pattern`` (kept there by
-    ``scripts/curatedtrec_targets.py``, which puts concrete strings in the answers), else the
-    answers themselves (as ``prepare_curatedtrec.py`` writes them)."""
+    ``rag-curatedtrec-targets``, which puts concrete strings in the answers), else the
+    answers themselves (as ``rag-prepare curatedtrec`` writes them)."""
     kept = meta.get("answer_pattern")
     if kept is None:
         return list(answers)
@@ -132,7 +132,7 @@ def regex_exact_match(pred: str, patterns: GoldAliases) -> float:
     ``.match`` anchors at the start only, exactly as DrQA's: ``Charles\\s+Flint|Flint`` matches
     ``"charles  flint"`` and also ``"Flint, Michigan"``, but not ``"Mr Flint"``.
 
-    A pattern that does not compile as a Python regex (``prepare_curatedtrec.py`` keeps such
+    A pattern that does not compile as a Python regex (``rag-prepare curatedtrec`` keeps such
     patterns verbatim and counts them in ``prepare.json``) is matched literally instead: it
     scores like an ordinary alias under :func:`exact_match`. DrQA scores it 0 for every
     prediction; matching the text literally is the more useful reading of a broken pattern.
@@ -434,30 +434,53 @@ def precision_at_k(retrieved_ids: Ids, gold_ids: GoldIds, k: int) -> float:
 
 
 def answer_in_top_k(passage_texts: Sequence[Optional[str]], golds: GoldAliases, k: int,
-                    regex: bool = False) -> float:
+                    regex: bool = False, titles: Optional[Sequence[Optional[str]]] = None) -> float:
     """1.0 if a normalised gold alias occurs in any of the first k passages, else 0.0.
 
     Both sides go through :func:`normalize_answer`; the alias must occur as a whole run of
     tokens (``"paris"`` is in ``"to paris by"`` but not in ``"comparison"``). Aliases that
     normalise to nothing are ignored.
 
+    ``titles`` (parallel to ``passage_texts``): a passage holds the answer when its text or its
+    title does. Each field is looked at on its own, so an alias never straddles the end of a
+    title and the start of a text. Where the answer is a page's name (an entity whose passage is
+    titled by it) the text often does not repeat it: without titles such a hit is missed.
+
     ``regex=True`` (CuratedTrec): the golds are patterns, and a passage holds the answer when a
-    pattern (compiled as in :func:`compile_answer_pattern`) ``.search``-es its text, both sides
-    in Unicode NFD, as DPR's ``has_answer`` does with ``match_type="regex"``. A pattern that
-    does not compile is looked for as a literal alias, as above (see :func:`regex_exact_match`).
+    pattern (compiled as in :func:`compile_answer_pattern`) ``.search``-es its text (or title),
+    both sides in Unicode NFD, as DPR's ``has_answer`` does with ``match_type="regex"``. A pattern
+    that does not compile is looked for as a literal alias, as above (see :func:`regex_exact_match`).
     """
     if k < 1:
         raise ValueError("k must be positive")
+    fields = _passage_fields(passage_texts, titles, k)
     if regex:
         compiled, literal = _split_patterns(golds, nfd=True)
-        for text in list(passage_texts)[:k]:
-            nfd = unicodedata.normalize("NFD", text or "")
+        for field in fields:
+            nfd = unicodedata.normalize("NFD", field)
             if any(c.search(nfd) is not None for c in compiled):
                 return 1.0
-        return answer_in_top_k(passage_texts, literal, k) if literal else 0.0  # broken patterns: as aliases
+        return answer_in_top_k(passage_texts, literal, k, titles=titles) if literal else 0.0  # as aliases
     needles = [f" {a} " for a in (normalize_answer(g) for g in _aliases(golds)) if a]
-    for text in list(passage_texts)[:k]:
-        hay = f" {normalize_answer(text or '')} "
+    for field in fields:
+        hay = f" {normalize_answer(field)} "
         if any(n in hay for n in needles):
             return 1.0
     return 0.0
+
+
+def _passage_fields(passage_texts: Sequence[Optional[str]], titles: Optional[Sequence[Optional[str]]],
+                    k: int) -> List[str]:
+    """The texts of the first k passages, each followed by its title when one is given."""
+    texts = list(passage_texts)[:k]
+    if titles is None:
+        return [t or "" for t in texts]
+    titles = list(titles)
+    if len(titles) != len(passage_texts):
+        raise ValueError(f"{len(titles)} titles for {len(passage_texts)} passages")
+    fields: List[str] = []
+    for text, title in zip(texts, titles):
+        fields.append(text or "")
+        if title:
+            fields.append(title)
+    return fields

@@ -185,7 +185,7 @@ def read_index(path: str, mmap: bool = False):
     p = Path(path)
     if not p.is_file():
         raise UserError("FAISS index file missing", path=str(p),
-                        fix="rebuild the knowledge source with scripts/build_knowledge_source.py")
+                        fix="rebuild the knowledge source with rag-build-knowledge")
     flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
     try:
         return faiss.read_index(str(p), flags)

@@ -1,7 +1,8 @@
 """Passage store: read a collection once, keep titles, texts and generator token ids on disk.
 
 Readers accept DPR's ``psgs_w100.tsv`` layout (``id<TAB>text<TAB>title`` with a header line)
-and JSONL (``{"id", "title", "text"}`` per line), optionally splitting documents into
+and JSONL (``{"id", "title", "text"}`` per line), either gzip-compressed (``psgs_w100.tsv.gz``,
+``.jsonl.gz``: read through gzip, as downloaded), optionally splitting documents into
 ``split_words``-word passages (the paper's 100-word unit). The store keeps, per passage row:
 its id, title, text, and the generator's token ids for title and text (pre-tokenized once),
 as ragged arrays in memory-mapped files (``<field>.bin`` data + ``<field>.idx`` int64
@@ -20,7 +21,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import atomic_write_json
+from rag_plugin.util.io import READ_ERRORS, atomic_write_json, iter_jsonl, unreadable_file_error
 
 STORE_FORMAT = "rag_plugin.passages/1"
 STRING_FIELDS = ("ids", "titles", "texts")
@@ -35,11 +36,26 @@ class Passage:
 
 
 # ---------------------------------------------------------------------------------- readers
-def _open_text(path: Path):
+def _is_gzip(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The file's lines as bytes (a ``.gz`` file decompressed); a damaged gzip file is a UserError."""
+    import gzip
+
     if not path.is_file():
         raise UserError("passages file not found", path=str(path),
-                        fix="pass --passages with a .tsv (DPR layout) or .jsonl file")
-    return open(path, "rb")
+                        fix="pass --passages with a .tsv (DPR layout) or .jsonl file (optionally .gz)")
+    if not _is_gzip(path):
+        with open(path, "rb") as fh:
+            yield from fh
+        return
+    try:
+        with gzip.open(path, "rb") as fh:
+            yield from fh
+    except READ_ERRORS as err:
+        raise unreadable_file_error(path, err) from None
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:
@@ -59,72 +75,61 @@ TSV_DIALECT = dict(delimiter="\t", quotechar='"', doublequote=True, skipinitials
 def _read_tsv(path: Path) -> Iterator[Tuple[int, Passage]]:
     import csv
 
-    with _open_text(path) as fh:
-        where = {"line": 0}
+    where = {"line": 0}
 
-        def decoded_lines():
-            for raw in fh:
-                where["line"] += 1
-                yield _decode(raw, path, where["line"])
+    def decoded_lines():
+        for raw in _raw_lines(path):
+            where["line"] += 1
+            yield _decode(raw, path, where["line"])
 
-        reader = csv.reader(decoded_lines(), **TSV_DIALECT)
-        limit = csv.field_size_limit()
-        csv.field_size_limit(max(limit, 2**31 - 1))  # a whole document in one field is fine
-        try:
-            first = 0
-            while True:
-                first = where["line"] + 1  # the line this record starts on
-                try:
-                    parts = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as err:
-                    raise UserError(f"not a valid tab-separated row ({err})", path=str(path), line=first,
-                                    fix="fix or remove that row") from None
-                if first == 1:
-                    if parts != ["id", "text", "title"]:
-                        raise UserError(f"header is {parts!r}, expected ['id', 'text', 'title']",
-                                        path=str(path), line=1,
-                                        fix="use DPR's psgs_w100.tsv layout: id<TAB>text<TAB>title, with that header")
-                    continue
-                if not parts:
-                    continue  # a blank line
-                if len(parts) != 3:
-                    spans = (f"; the row runs over lines {first}-{where['line']}: a field that starts with a "
-                             "quote (\") ends only at the next lone quote" if where["line"] > first else "")
-                    raise UserError(f"expected 3 tab-separated columns (id, text, title), found {len(parts)}"
-                                    + spans, path=str(path), line=first,
-                                    fix="fix or remove that row; a quote that starts a field opens CSV quoting: "
-                                        "quote the whole field and double the quotes inside it")
-                pid, text, title = parts
-                yield first, Passage(pid.strip(), title, text)
-        finally:
-            csv.field_size_limit(limit)
+    reader = csv.reader(decoded_lines(), **TSV_DIALECT)
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, 2**31 - 1))  # a whole document in one field is fine
+    try:
+        while True:
+            first = where["line"] + 1  # the line this record starts on
+            try:
+                parts = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                raise UserError(f"not a valid tab-separated row ({err})", path=str(path), line=first,
+                                fix="fix or remove that row") from None
+            if first == 1:
+                _check_tsv_header(parts, path)
+                continue
+            if not parts:
+                continue  # a blank line
+            if len(parts) != 3:
+                spans = (f"; the row runs over lines {first}-{where['line']}: a field that starts with a "
+                         "quote (\") ends only at the next lone quote" if where["line"] > first else "")
+                raise UserError(f"expected 3 tab-separated columns (id, text, title), found {len(parts)}"
+                                + spans, path=str(path), line=first,
+                                fix="fix or remove that row; a quote that starts a field opens CSV quoting: "
+                                    "quote the whole field and double the quotes inside it")
+            pid, text, title = parts
+            yield first, Passage(pid.strip(), title, text)
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _check_tsv_header(parts: List[str], path: Path) -> None:
+    if parts != ["id", "text", "title"]:
+        raise UserError(f"header is {parts!r}, expected ['id', 'text', 'title']", path=str(path), line=1,
+                        fix="use DPR's psgs_w100.tsv layout: id<TAB>text<TAB>title, with that header")
 
 
 def _read_jsonl(path: Path) -> Iterator[Tuple[int, Passage]]:
-    with _open_text(path) as fh:
-        for lineno, raw in enumerate(fh, 1):
-            line = _decode(raw, path, lineno).strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"invalid JSON ({err.msg})", path=str(path), line=lineno,
-                                fix='each line must be {"id": ..., "title": ..., "text": ...}') from None
-            if not isinstance(obj, dict):
-                raise UserError("line is not a JSON object", path=str(path), line=lineno,
-                                fix='each line must be {"id": ..., "title": ..., "text": ...}')
-            missing = [k for k in ("id", "text") if k not in obj]
-            if missing:
-                raise UserError(f"missing field(s) {', '.join(missing)}", path=str(path), line=lineno,
-                                fix='each line must be {"id": ..., "title": ..., "text": ...}')
-            title = obj.get("title") or ""
-            if not isinstance(obj["text"], str) or not isinstance(title, str):
-                raise UserError("fields 'title' and 'text' must be strings", path=str(path),
-                                line=lineno, fix="fix that line")
-            yield lineno, Passage(str(obj["id"]), title, obj["text"])
+    fix = 'each line must be {"id": ..., "title": ..., "text": ...}'
+    for lineno, obj in iter_jsonl(path, fix=fix, what="passage file"):
+        missing = [k for k in ("id", "text") if k not in obj]
+        if missing:
+            raise UserError(f"missing field(s) {', '.join(missing)}", path=str(path), line=lineno, fix=fix)
+        title = obj.get("title") or ""
+        if not isinstance(obj["text"], str) or not isinstance(title, str):
+            raise UserError("fields 'title' and 'text' must be strings", path=str(path),
+                            line=lineno, fix="fix that line")
+        yield lineno, Passage(str(obj["id"]), title, obj["text"])
 
 
 def split_passage(p: Passage, words: int) -> List[Passage]:
@@ -137,7 +142,7 @@ def split_passage(p: Passage, words: int) -> List[Passage]:
 
 
 def read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Passage]:
-    """Stream passages from a ``.tsv`` (DPR layout) or ``.jsonl`` file, checking as it goes.
+    """Stream passages from a ``.tsv`` (DPR layout) or ``.jsonl`` file (either one ``.gz``), checking as it goes.
 
     Raises :class:`UserError` (file and line) on malformed rows, non-UTF-8 bytes, empty or
     duplicate ids and empty collections.
@@ -150,13 +155,14 @@ def _read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Tup
     """:func:`read_passages` with the line (the first line of the row) each passage comes from."""
     p = Path(path)
     name = p.name.lower()
+    name = name[:-3] if name.endswith(".gz") else name
     if name.endswith((".tsv", ".tsv.txt")):
         rows = _read_tsv(p)
     elif name.endswith((".jsonl", ".json")):
         rows = _read_jsonl(p)
     else:
         raise UserError("unknown passages format", path=path,
-                        fix="use a .tsv file (DPR layout: id, text, title) or a .jsonl file")
+                        fix="use a .tsv file (DPR layout: id, text, title) or a .jsonl file, optionally .gz")
     if split_words is not None and split_words <= 0:
         raise UserError(f"--split-words must be positive, got {split_words}",
                         fix="use e.g. --split-words 100 (the paper's passages), or leave it out")
@@ -252,7 +258,7 @@ class PassageStore:
         meta_path = d / "meta.json"
         if not meta_path.is_file():
             raise UserError("no passage store here (meta.json missing)", path=str(d),
-                            fix="build it with scripts/build_knowledge_source.py")
+                            fix="build it with rag-build-knowledge")
         try:
             self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -347,66 +353,84 @@ class PassageStore:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        strings = {f: _RaggedWriter(tmp, f, np.uint8) for f in STRING_FIELDS}
-        tokens = {f: _RaggedWriter(tmp, f, np.int32) for f in TOKEN_FIELDS}
-        digest = hashlib.sha256()
-        count = 0
+        writer = _StoreWriter(tmp, tokenizer, fmt)
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(desc="passages", unit=" psg", mininterval=1.0)
-
-        def flush(batch: List[Passage]) -> None:
-            nonlocal count
-            if tokenizer is not None:
-                pieces = [fmt.passage_strings(p.title, p.text) for p in batch]
-                title_ids = tokenizer.encode_batch([t for t, _ in pieces])
-                text_ids = tokenizer.encode_batch([x for _, x in pieces])
-            else:
-                title_ids = text_ids = [[] for _ in batch]
-            for p, t_ids, x_ids in zip(batch, title_ids, text_ids):
-                for field, value in (("ids", p.id), ("titles", p.title), ("texts", p.text)):
-                    raw = value.encode("utf-8")
-                    strings[field].append_bytes(raw)
-                    digest.update(len(raw).to_bytes(8, "little"))
-                    digest.update(raw)
-                tokens["title_tokens"].append(t_ids)
-                tokens["text_tokens"].append(x_ids)
-                digest.update(np.asarray(t_ids, dtype=np.int32).tobytes())
-                digest.update(np.asarray(x_ids, dtype=np.int32).tobytes())
-            count += len(batch)
-            if bar is not None:
-                bar.update(len(batch))
-
         try:
-            batch: List[Passage] = []
-            for p in passages:
-                batch.append(p)
-                if len(batch) >= batch_size:
-                    flush(batch)
-                    batch = []
-            if batch:
-                flush(batch)
+            for batch in _batched(passages, batch_size):
+                writer.add(batch)
+                if bar is not None:
+                    bar.update(len(batch))
         except BaseException:
-            for w in list(strings.values()) + list(tokens.values()):
-                w.data.close()
+            writer.abandon()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        for name, w in list(strings.items()) + list(tokens.items()):
-            w.close(tmp, name)
-        meta = {"format": STORE_FORMAT, "count": count, "sha256": digest.hexdigest(),
-                "tokenizer": tokenizer.identity() if tokenizer is not None else None,
-                "source": source or {}}
-        if tokenizer is not None and fmt.identity() is not None:
-            meta["input_format"] = fmt.identity()
-        atomic_write_json(tmp / "meta.json", meta)
+        writer.close(source)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         return PassageStore(str(final))
+
+
+def _batched(items: Iterable, size: int) -> Iterator[list]:
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class _StoreWriter:
+    """The files of a passage store being written into ``directory``, and the store's content hash."""
+
+    def __init__(self, directory: Path, tokenizer, input_format):
+        self.directory, self.tokenizer, self.input_format = directory, tokenizer, input_format
+        self.strings = {f: _RaggedWriter(directory, f, np.uint8) for f in STRING_FIELDS}
+        self.tokens = {f: _RaggedWriter(directory, f, np.int32) for f in TOKEN_FIELDS}
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def add(self, batch: List[Passage]) -> None:
+        if self.tokenizer is not None:
+            pieces = [self.input_format.passage_strings(p.title, p.text) for p in batch]
+            title_ids = self.tokenizer.encode_batch([t for t, _ in pieces])
+            text_ids = self.tokenizer.encode_batch([x for _, x in pieces])
+        else:
+            title_ids = text_ids = [[] for _ in batch]
+        for p, t_ids, x_ids in zip(batch, title_ids, text_ids):
+            for field, value in (("ids", p.id), ("titles", p.title), ("texts", p.text)):
+                raw = value.encode("utf-8")
+                self.strings[field].append_bytes(raw)
+                self.digest.update(len(raw).to_bytes(8, "little"))
+                self.digest.update(raw)
+            self.tokens["title_tokens"].append(t_ids)
+            self.tokens["text_tokens"].append(x_ids)
+            self.digest.update(np.asarray(t_ids, dtype=np.int32).tobytes())
+            self.digest.update(np.asarray(x_ids, dtype=np.int32).tobytes())
+        self.count += len(batch)
+
+    def abandon(self) -> None:
+        for w in list(self.strings.values()) + list(self.tokens.values()):
+            w.data.close()
+
+    def close(self, source: Optional[dict]) -> None:
+        """Finish the files and write ``meta.json`` (count, content hash, tokenizer, input format)."""
+        for name, w in list(self.strings.items()) + list(self.tokens.items()):
+            w.close(self.directory, name)
+        meta = {"format": STORE_FORMAT, "count": self.count, "sha256": self.digest.hexdigest(),
+                "tokenizer": self.tokenizer.identity() if self.tokenizer is not None else None,
+                "source": source or {}}
+        if self.tokenizer is not None and self.input_format.identity() is not None:
+            meta["input_format"] = self.input_format.identity()
+        atomic_write_json(self.directory / "meta.json", meta)
 
 
 def gather_tokens(store: PassageStore, rows: Sequence[int], field: str = "text_tokens") -> List[np.ndarray]:

@@ -15,10 +15,10 @@ from typing import List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
+from rag_plugin.util.errors import UserError
 
 
 @dataclass
@@ -75,7 +75,7 @@ class DenseRetriever:
 
     def __init__(self, knowledge: KnowledgeSource, encoder=None):
         self.knowledge = knowledge
-        knowledge.index  # read and check the index first: a damaged one fails before a model loads
+        knowledge.index  # noqa: B018  (read and check the index first: a damaged one fails before a model loads)
         self.encoder = encoder if encoder is not None else knowledge.load_encoder()
         if int(self.encoder.dim) != knowledge.dim:
             raise UserError(f"encoder dimension {self.encoder.dim} does not match the index's "

@@ -76,7 +76,7 @@ class GeneratorTokenizer:
             self._spm = spm.SentencePieceProcessor(model_file=str(model_path))
             self.files["model"] = str(model_path)
         elif kind == "gpt2":
-            from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+            from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
             for p in (gpt2_encoder_json, gpt2_vocab_bpe):
                 if not p or not Path(p).is_file():

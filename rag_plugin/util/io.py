@@ -129,7 +129,21 @@ def iter_jsonl(path: PathLike, fix: str = JSONL_FIX, what: str = "input file") -
                     raise UserError("line is not a JSON object", path=str(path), line=lineno, fix=fix)
                 yield lineno, obj
         except (OSError, EOFError, zlib.error) as err:  # a truncated or corrupt .gz
-            raise UserError(f"cannot read ({err})", path=str(path), fix="re-download the file") from None
+            raise unreadable_file_error(path, err) from None
+
+
+#: what a truncated or corrupt compressed (or unreadable) input raises while it is read
+READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def unreadable_file_error(path: PathLike, err: BaseException):
+    """The one-line error for an input that broke while being read (a truncated or corrupt ``.gz``)."""
+    from rag_plugin.util.errors import UserError
+
+    if is_gzip(path):
+        return UserError(f"not a readable gzip file ({err})", path=str(path),
+                         fix="download it again, or pass the decompressed file")
+    return UserError(f"cannot read ({err})", path=str(path), fix="check the file, or download it again")
 
 
 def first_invalid_utf8_line(path: PathLike) -> Tuple[int, int]:

@@ -22,10 +22,7 @@ def _import_kwargs(world):
 
 @pytest.fixture(scope="session")
 def converted(world):
-    try:  # rag-import-knowledge's library function (issue 21: build/import_knowledge.py)
-        from rag_plugin.build.import_knowledge import import_knowledge
-    except ImportError:
-        from rag_plugin.build.hf_knowledge import import_hf_knowledge as import_knowledge
+    from rag_plugin.build.import_knowledge import import_knowledge
     from rag_plugin.conversion.hf_rag import convert_hf_rag
 
     out = {}

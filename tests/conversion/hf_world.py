@@ -46,20 +46,19 @@ WORDS = ("what is the capital of who wrote how long river was king where an isla
          "tonesu mirato garipo delo lomira vista sune").split()
 
 
-def _hide_shadowed_datasets() -> None:
-    """Without the `datasets` package, tests/datasets (a namespace package while pytest has tests/ on sys.path)
-    imports under its name, and transformers would take it for `datasets` and fail importing its RagRetriever."""
-    try:
-        import datasets
-    except ImportError:
-        return
-    if not hasattr(datasets, "Dataset"):
-        sys.modules["datasets"] = None
+def datasets_installed() -> bool:
+    """Whether Hugging Face's `datasets` is installed. Without it, tests/datasets (a namespace folder while
+    pytest has tests/ on sys.path) would import under its name."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("datasets")
+    return spec is not None and spec.origin is not None
 
 
 def transformers():
     sys.modules.setdefault("torchaudio", None)  # the installed torchaudio does not load against this torch
-    _hide_shadowed_datasets()
+    if not datasets_installed():  # else transformers takes tests/datasets for it and its RagRetriever fails to import
+        sys.modules["datasets"] = None
     import pytest
 
     return pytest.importorskip("transformers")
@@ -168,17 +167,17 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
     forms = {}
     columns = {"title": TITLES, "text": TEXTS, "embeddings": [v.tolist() for v in vectors]}
     try:
+        if not datasets_installed():
+            raise ImportError("datasets")
         import datasets
 
-        # without the `datasets` package, tests/datasets (a namespace package when tests/ is on sys.path) may
-        # import under that name: it has no Dataset (AttributeError)
         ds = datasets.Dataset.from_dict(columns)
         ds.save_to_disk(str(folder / "hf_dataset"))
         ds.add_faiss_index(column="embeddings", metric_type=faiss.METRIC_INNER_PRODUCT)
         ds.get_index("embeddings").save(str(folder / "hf_dataset_index.faiss"))
         forms["save_to_disk"] = folder / "hf_dataset"
         forms["written_by"] = "datasets"
-    except (ImportError, AttributeError):
+    except ImportError:
         try:
             import pyarrow as pa
         except ImportError:

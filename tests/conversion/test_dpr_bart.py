@@ -24,14 +24,10 @@ import rag_plugin  # noqa: E402
 
 rag_plugin.register()
 
+from rag_plugin.build import BuildSettings, build_knowledge_source  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
 from rag_plugin.retrieval.encoders import load_encoder  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
-
-try:  # the knowledge-source builder moves from retrieval/ to build/ (issue 21)
-    from rag_plugin.build import BuildSettings, build_knowledge_source
-except ImportError:
-    from rag_plugin.retrieval.knowledge import BuildSettings, build_knowledge_source
 
 DIM = 32  # the tiny world's knowledge source dimension: the DPR query encoder must match it
 TITLES = ["Kalomi", "Rira", "Tonesu", "Garipo", "Delo", "Lomira"]

@@ -156,9 +156,15 @@ def test_task_refuses_regex_training_targets(tiny_world, tmp_path):
         task.load_dataset("train")
     msg = str(err.value)
     assert f"{data / 'train.jsonl'}:1:" in msg and "7 of 7 records have regular-expression answers" in msg
-    assert msg.endswith(")") and "scripts/curatedtrec_targets.py" in msg and "\n" not in msg
+    assert msg.endswith(")") and "rag-curatedtrec-targets" in msg and "\n" not in msg
     task.load_dataset("test")  # generation on regex test records is fine (scored from the gold file)
-    task.load_dataset("valid")  # outside fairseq-train/-validate no loss is computed on it
+    task.load_dataset("valid")  # loaded; a loss on it is refused where one is computed:
+    valid = task.datasets["valid"]
+    sample = valid.collater([valid[i] for i in range(len(valid))])
+    with pytest.raises(UserError, match="target of the validation loss"):
+        task.valid_step(sample, model=None, criterion=None)     # fairseq-validate / fairseq-train's validation
+    with pytest.raises(UserError, match="target of the validation loss"):
+        task.begin_epoch(1, model=None)                        # fairseq-train, before its first update
 
 
 def test_script_on_tiny_knowledge_source(tiny_world, tmp_path):

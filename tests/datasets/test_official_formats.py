@@ -268,7 +268,7 @@ def test_a_truncated_gzip_is_a_one_line_error(tmp_path):
     cut.write_bytes(full[: len(full) // 2])
     dev = write_jsonl(tmp_path / "NQ-open.dev.jsonl", NQ_OPEN_DEV)
     proc = run_prepare("nq", "--train", cut, "--dev", dev, "--out", tmp_path / "nq")
-    assert_one_line_error(proc, str(cut), "cannot read", "re-download")
+    assert_one_line_error(proc, str(cut), "not a readable gzip file", "download it again")
     assert_nothing_left(tmp_path, tmp_path / "nq")
 
 

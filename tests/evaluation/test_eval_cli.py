@@ -1,4 +1,4 @@
-"""scripts/evaluate.py and scripts/leaderboard.py end to end (subprocess)."""
+"""rag-evaluate and rag-leaderboard end to end (subprocess: scripts/ wrappers and rag_plugin.cli modules)."""
 import json
 import math
 import os
@@ -133,7 +133,7 @@ def test_leaderboard_systems_and_results(qa_files, tmp_path):
     # a second system: KILT JSONL, all wrong answers, perfect retrieval
     guess_b = write_jsonl(tmp_path / "b.jsonl", [
         {"id": g["id"], "output": [{"answer": "nothing", "provenance": [
-            {"id": pid} for out in g["output"] for pid in [p.get("id", p.get("wikipedia_id")) for p in out.get("provenance", [])]]}]}
+            {"id": p.get("id", p.get("wikipedia_id"))} for out in g["output"] for p in out.get("provenance", [])]}]}
         for g in GOLD_QA])
     results = tmp_path / "bart.json"
     results.write_text(json.dumps({"em": 12.5, "f1": 20.0, "rougel": 30.25}))
@@ -213,3 +213,20 @@ def test_leaderboard_results_from_a_previous_board(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["| System | EM | custom |", "| --- | ---: | ---: |", "| B | 40.00 | 1.50 |"]
     assert_user_error(run(LEADERBOARD, "--results", f"C={board}"), "no system 'C'")
+
+
+@pytest.mark.parametrize("module, shown", [("evaluate", ["rag-evaluate", "(default: auto)", "answer_in_top<K>"]),
+                                           ("leaderboard", ["rag-leaderboard", "NAME=GUESS_FILE", "closed book"]),
+                                           ("plot_doc_posterior", ["rag-plot-posterior", "(default: None)"])])
+def test_console_modules_help_shows_defaults(module, shown):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", f"rag_plugin.cli.{module}", "--help"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for text in shown:
+        assert text in proc.stdout, (text, proc.stdout)
+
+
+def test_usage_error_names_the_console_command(qa_files):
+    proc = run(EVALUATE, "--gold", qa_files["gold"])
+    assert_user_error(proc, "--guess", "rag-evaluate --help")

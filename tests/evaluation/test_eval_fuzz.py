@@ -5,9 +5,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rag_plugin.evaluation.fairseq_output import align_fairseq, check_fairseq_examples, parse_fairseq_lines
+from rag_plugin.evaluation.records import GoldExample
 from rag_plugin.util.errors import UserError
-from rag_plugin.evaluation.readers import (GoldExample, _align_fairseq, check_fairseq_examples,
-                                           parse_fairseq_lines)
 
 PREFIXES = ["S-", "T-", "H-", "D-", "P-", "Z-", "A-", "W-", "X-", "", "2024-05-01 | INFO | ", "Generate "]
 FIELD = st.one_of(
@@ -29,7 +29,7 @@ def _parse_all(lines):
     examples = parse_fairseq_lines(list(enumerate(lines, 1)), "fuzz.out")
     if examples:
         check_fairseq_examples(examples, "fuzz.out")
-        guesses = _align_fairseq("fuzz.out", examples, GOLD)
+        guesses = align_fairseq("fuzz.out", examples, GOLD)
         assert [g.id for g in guesses] == [g.id for g in GOLD]
         for g in guesses:
             assert isinstance(g.answer, str)
@@ -84,7 +84,7 @@ def test_well_formed_output_round_trips(data):
     lines, expected = data
     examples = parse_fairseq_lines(list(enumerate(lines, 1)), "gen.out")
     check_fairseq_examples(examples, "gen.out")
-    guesses = _align_fairseq("gen.out", examples, GOLD)
+    guesses = align_fairseq("gen.out", examples, GOLD)
     for i, g in enumerate(guesses):
         hyp, ids = expected[i]
         assert g.answer == hyp

@@ -205,7 +205,7 @@ def test_answer_in_top_k():
 
 
 def test_split_passages_count_as_their_document():
-    from rag_plugin.evaluation.scoring import document_ids
+    from rag_plugin.evaluation.inputs import document_ids
 
     gold = [["wiki:Ozone"]]
     assert document_ids(["wiki:Ozone_1", "wiki:Oxygen_0", "wiki:Ozone_0", "wiki:Ozone"], gold) == \
@@ -216,7 +216,7 @@ def test_split_passages_count_as_their_document():
 def test_a_split_collection_ranks_documents_like_pages():
     """Passages of a split collection (ids <doc>_<n> throughout): two passages of a wrong document take
     one rank, so the metrics equal those of the same retrieval written as documents."""
-    from rag_plugin.evaluation.scoring import document_ids, split_from_documents
+    from rag_plugin.evaluation.inputs import document_ids, split_from_documents
 
     gold = [[["G"]]]
     split = [["X_0", "X_1", "G_0"]]
@@ -231,11 +231,13 @@ def test_evaluate_split_and_page_retrieval_agree(tmp_path):
     from rag_plugin.evaluation.scoring import evaluate_files
 
     gold = tmp_path / "gold.jsonl"
-    gold.write_text(json.dumps({"id": "q1", "input": "q?", "output": [{"answer": "a", "provenance": [{"id": "G"}]}]}) + "\n")
+    gold.write_text(json.dumps({"id": "q1", "input": "q?", "output": [{"answer": "a", "provenance": [{"id": "G"}]}]})
+                    + "\n")
     results = {}
     for name, ids in (("pages", ["X", "G"]), ("split", ["X_0", "X_1", "G_0"])):
         guess = tmp_path / f"{name}.jsonl"
-        guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": [{"id": i} for i in ids]}]}) + "\n")
+        provenance = [{"id": i} for i in ids]
+        guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": provenance}]}) + "\n")
         results[name] = evaluate_files(str(gold), str(guess), ["rprec", "recall@2", "precision@2"])
     assert results["split"] == results["pages"] == {"rprec": 0.0, "recall@2": 100.0, "precision@2": 50.0}
 
@@ -244,9 +246,53 @@ def test_k_beyond_the_retrieved_passages_is_warned(tmp_path, capsys):
     from rag_plugin.evaluation.scoring import evaluate_files
 
     gold = tmp_path / "gold.jsonl"
-    gold.write_text(json.dumps({"id": "q1", "input": "q?", "output": [{"answer": "a", "provenance": [{"id": "G"}]}]}) + "\n")
+    gold.write_text(json.dumps({"id": "q1", "input": "q?", "output": [{"answer": "a", "provenance": [{"id": "G"}]}]})
+                    + "\n")
     guess = tmp_path / "guess.jsonl"
-    guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": [{"id": "X"}, {"id": "G"}]}]}) + "\n")
-    assert evaluate_files(str(gold), str(guess), ["recall@20", "precision@2"]) == {"recall@20": 100.0, "precision@2": 50.0}
+    provenance = [{"id": "X"}, {"id": "G"}]
+    guess.write_text(json.dumps({"id": "q1", "output": [{"answer": "a", "provenance": provenance}]}) + "\n")
+    scores = evaluate_files(str(gold), str(guess), ["recall@20", "precision@2"])
+    assert scores == {"recall@20": 100.0, "precision@2": 50.0}
     err = capsys.readouterr().err
     assert "recall@20 looks at 20 passages" in err and "more than 2" in err and "precision@2" not in err
+
+
+def test_answer_in_top_k_counts_the_title():
+    """Issue 25, item 8: where the answer is a passage's title (a page about the answer), the text
+    need not repeat it: answer_in_top_k looks at the title and the text, each on its own."""
+    texts = ["A YAML parser and emitter for Python.", "Lyon is a city."]
+    titles = ["PyYAML", "Lyon"]
+    assert M.answer_in_top_k(texts, ["PyYAML"], 1) == 0.0  # texts only: missed
+    assert M.answer_in_top_k(texts, ["PyYAML"], 1, titles=titles) == 1.0
+    assert M.answer_in_top_k(texts, ["Lyon"], 1, titles=titles) == 0.0  # the second passage is beyond k
+    assert M.answer_in_top_k(texts, ["pyyaml"], 1, regex=True, titles=titles) == 1.0
+    assert M.answer_in_top_k(texts, ["Py(YA|ya)ML"], 1, regex=True, titles=titles) == 1.0
+    # an alias never straddles the end of the title and the start of the text
+    assert M.answer_in_top_k(["France is in Europe."], ["Paris France"], 1, titles=["Paris"]) == 0.0
+    assert M.answer_in_top_k(["x"], ["a"], 1, titles=[None]) == 0.0
+    with pytest.raises(ValueError):
+        M.answer_in_top_k(texts, ["a"], 1, titles=["one title"])
+
+
+def test_evaluate_answer_in_top_k_reads_titles(tmp_path):
+    """A corpus of package descriptions: every answer is the title of its gold passage. Before, answer_in_top1
+    read 0% where recall@1 read 100%."""
+    gold, guess = tmp_path / "gold.jsonl", tmp_path / "gen.out"
+    rows = [("numpy", "The fundamental package for array computing with Python."),
+            ("PyYAML", "YAML parser and emitter for Python."), ("requests", "Python HTTP for Humans.")]
+    gold.write_text("".join(json.dumps({"id": f"q{i}", "input": f"which package: {text}", "output": [
+        {"answer": name, "provenance": [{"id": f"p{i}"}]}]}) + "\n" for i, (name, text) in enumerate(rows)))
+    passages = tmp_path / "passages.jsonl"
+    passages.write_text("".join(json.dumps({"id": f"p{i}", "title": name, "text": text}) + "\n"
+                                for i, (name, text) in enumerate(rows)))
+    guess.write_text("".join(f"S-{i}\twhich package: {text}\nH-{i}\t-0.1\tx\nD-{i}\t-0.1\tx\n"
+                             f"Z-{i}\t0\t1.0\tp{i}\t{name}\n" for i, (name, text) in enumerate(rows)))
+    from rag_plugin.evaluation.scoring import evaluate_files
+
+    assert evaluate_files(str(gold), str(guess), ["recall@1", "answer_in_top1"], passages=str(passages)) == \
+        {"recall@1": 100.0, "answer_in_top1": 100.0}
+    # KILT guesses that carry the passages' title and text need no --passages
+    kilt = tmp_path / "guess.jsonl"
+    kilt.write_text("".join(json.dumps({"id": f"q{i}", "output": [{"answer": "x", "provenance": [
+        {"id": f"p{i}", "title": name, "text": text}]}]}) + "\n" for i, (name, text) in enumerate(rows)))
+    assert evaluate_files(str(gold), str(kilt), ["answer_in_top1"]) == {"answer_in_top1": 100.0}

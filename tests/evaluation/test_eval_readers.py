@@ -3,12 +3,11 @@ import json
 
 import pytest
 
+from rag_plugin.evaluation.fairseq_output import parse_fairseq_lines, read_fairseq_generate
+from rag_plugin.evaluation.readers import detect_format, read_gold, read_guesses, read_kilt_guesses
+from rag_plugin.evaluation.registry import canonical_metric, default_metrics, metric_label, parse_metrics
+from rag_plugin.evaluation.scoring import evaluate, evaluate_files
 from rag_plugin.util.errors import UserError
-from rag_plugin.evaluation.readers import (detect_format, parse_fairseq_lines, read_fairseq_generate,
-                                           read_gold, read_guesses, read_kilt_guesses)
-from rag_plugin.evaluation.scoring import (canonical_metric, default_metrics, evaluate, evaluate_files,
-                                           metric_label, parse_metrics)
-
 from tests.evaluation.eval_data import GENERATE_QA, GOLD_QA, write_jsonl
 
 
@@ -42,6 +41,47 @@ def test_read_gold_skips_blank_lines_like_read_kilt(tmp_path):
     assert [g.line for g in gold] == [2, 4]
 
 
+def test_read_gold_takes_evidence_sets_from_the_kilt_reader(qa_files, monkeypatch):
+    """One pass over the gold file when rag_plugin.data.kilt keeps each output's provenance."""
+    from rag_plugin.evaluation import readers
+
+    def read_kilt(path, **kwargs):
+        records = rag_read_kilt(path, **kwargs)
+        for r, row in zip(records, GOLD_QA):
+            r.evidence_sets = [[p.get("id", p.get("wikipedia_id")) for p in out.get("provenance", [])]
+                               for out in row["output"]]
+        return records
+
+    def no_second_pass(*args, **kwargs):
+        raise AssertionError("the gold file was read twice")
+
+    rag_read_kilt = readers.read_kilt
+    monkeypatch.setattr(readers, "read_kilt", read_kilt)
+    monkeypatch.setattr(readers, "iter_jsonl", no_second_pass)
+    gold = read_gold(str(qa_files["gold"]))
+    assert [g.evidence_sets for g in gold] == [[["p1"], []], [["p2", "p3"]], [["p4"]]]
+
+
+def test_read_gold_opens_the_file_once(qa_files, monkeypatch):
+    import builtins
+
+    from rag_plugin.data.kilt import QARecord
+
+    if "evidence_sets" not in QARecord.__dataclass_fields__:
+        pytest.skip("rag_plugin.data.kilt.QARecord does not keep evidence_sets yet (second pass)")
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file) == str(qa_files["gold"]):
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    assert len(read_gold(str(qa_files["gold"]))) == 3
+    assert len(opened) == 1
+
+
 # ------------------------------------------------------------------ fairseq-generate
 def test_parse_fairseq_nbest_provenance_and_log_lines():
     ex = parse_fairseq_lines(_lines(GENERATE_QA), "gen.out")
@@ -67,7 +107,8 @@ def test_read_guesses_fairseq_aligned_to_gold(qa_files):
 
 def test_fairseq_missing_examples_named(qa_files, tmp_path):
     gold = read_gold(str(qa_files["gold"]))
-    text = "\n".join(l for l in GENERATE_QA.splitlines() if not l.startswith(("S-1", "T-1", "H-1", "D-1", "P-1", "Z-1", "A-1")))
+    example_1 = ("S-1", "T-1", "H-1", "D-1", "P-1", "Z-1", "A-1")
+    text = "\n".join(line for line in GENERATE_QA.splitlines() if not line.startswith(example_1))
     path = tmp_path / "partial.out"
     path.write_text(text + "\n", encoding="utf-8")
     with pytest.raises(UserError) as e:
@@ -250,7 +291,8 @@ def test_evaluate_unknown_passage_id(qa_files, tmp_path):
 
 def test_evaluate_retrieval_needs_provenance(qa_files, tmp_path):
     path = tmp_path / "noz.out"
-    path.write_text("".join(l + "\n" for l in GENERATE_QA.splitlines() if not l.startswith("Z-")), encoding="utf-8")
+    path.write_text("".join(line + "\n" for line in GENERATE_QA.splitlines() if not line.startswith("Z-")),
+                    encoding="utf-8")
     with pytest.raises(UserError) as e:
         evaluate_files(str(qa_files["gold"]), str(path), ["rprec"])
     assert "no retrieved passages" in _err(e)
@@ -280,7 +322,8 @@ def test_evaluate_missing_answer(qa_files, tmp_path):
     with pytest.raises(UserError) as e:
         evaluate_files(str(qa_files["gold"]), str(path), ["em"])
     assert "no 'answer'" in _err(e)
-    assert evaluate_files(str(qa_files["gold"]), str(path), ["recall@1"])["recall@1"] == pytest.approx(100 / 3, abs=1e-3)
+    scores = evaluate_files(str(qa_files["gold"]), str(path), ["recall@1"])
+    assert scores["recall@1"] == pytest.approx(100 / 3, abs=1e-3)
 
 
 def test_evaluate_requires_alignment(qa_files):
@@ -291,7 +334,6 @@ def test_evaluate_requires_alignment(qa_files):
 
 def test_answer_in_top_k_from_passage_store_directory(qa_files, tmp_path):
     from rag_plugin.retrieval.passages import Passage, PassageStore
-
     from tests.evaluation.eval_data import PASSAGES
 
     ks = tmp_path / "knowledge"
@@ -332,7 +374,8 @@ def test_s_lines_must_show_the_gold_questions():
     """Predictions are aligned with the gold file by position: a gold file of other questions (another
     split of the same size) is refused; a question the generator's vocabulary spelled differently
     (case, spacing, an unknown character) in a minority of lines is not."""
-    from rag_plugin.evaluation.readers import GoldExample, _align_fairseq, parse_fairseq_lines
+    from rag_plugin.evaluation.fairseq_output import align_fairseq, parse_fairseq_lines
+    from rag_plugin.evaluation.records import GoldExample
 
     gold = [GoldExample(f"id{i}", q, ["a"], [[]]) for i, q in
             enumerate(["Who wrote Hamlet?", "Capital of São Tomé?", "Where is Rira?"])]
@@ -343,7 +386,7 @@ def test_s_lines_must_show_the_gold_questions():
             lines += [f"S-{i}\t{src}", f"H-{i}\t-0.1\ta", f"D-{i}\t-0.1\ta"]
         return parse_fairseq_lines(list(enumerate(lines, 1)), "gen.out")
 
-    ok = _align_fairseq("gen.out", out(["who wrote hamlet ?", "Capital of S ⁇ o Tom ⁇ ?", "Where is Rira?"]), gold)
+    ok = align_fairseq("gen.out", out(["who wrote hamlet ?", "Capital of S ⁇ o Tom ⁇ ?", "Where is Rira?"]), gold)
     assert [g.answer for g in ok] == ["a", "a", "a"]
     with pytest.raises(UserError, match="3 of 3 S- lines do not show their gold record's question.*the same split"):
-        _align_fairseq("gen.out", out(["Who is Delo?", "What flows?", "Name a lake."]), gold)
+        align_fairseq("gen.out", out(["Who is Delo?", "What flows?", "Name a lake."]), gold)

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.evaluation import metrics as M
 from rag_plugin.evaluation.readers import read_gold
 from rag_plugin.evaluation.scoring import evaluate_files
+from rag_plugin.util.errors import UserError
 
 
 def drqa_regex_match_score(prediction, pattern):

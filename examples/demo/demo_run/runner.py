@@ -1,0 +1,66 @@
+"""Runs the demo's commands: each printed as a user would type it, run from the repository root
+with its output in a log file, inside a named, timed step; a failed command stops the demo with
+the log's path, and rerunning the demo continues from that step."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional
+
+from demo_run.commands import Command
+from rag_plugin.util.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository (examples/demo/demo_run/runner.py)
+DATA = ROOT / "data" / "demo"
+KS = DATA / "ks"
+KS_SWAP = DATA / "ks_geonames"
+
+
+class Runner:
+    """Runs commands from :data:`ROOT` and times the steps they belong to (``timings``: step -> s)."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
+        self.timings: Dict[str, float] = {}
+
+    def run(self, command: Command, log_file: Optional[Path] = None, stdout_file: Optional[Path] = None) -> None:
+        """Run ``command``; stderr (and stdout, unless ``stdout_file``) to ``log_file``, or to the terminal."""
+        shown = command.shown(ROOT)
+        self.log(f"$ {shown}")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log_file or os.devnull, "w") as log, open(stdout_file or os.devnull, "w") as out:
+            proc = subprocess.run(command.argv(), cwd=ROOT, env=env, text=True, check=False,
+                                  stdout=out if stdout_file else (log if log_file else None),
+                                  stderr=log if log_file else None)
+        if proc.returncode != 0:
+            where = f" (log: {log_file})" if log_file else ""
+            raise UserError(f"step failed with exit status {proc.returncode}: {shown[:200]}{where}",
+                            fix="read the log; rerun examples/demo/run_demo.py to continue from this step")
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """A named step: announced, timed (also when it fails), its time printed when it succeeds."""
+        self.log(f"\n== {name}")
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.perf_counter() - start, 1)
+        self.log(f"   ({self.timings[name]:.0f} s)")
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def training_done(log_file: Path, updates: int) -> bool:
+    """Whether the fairseq-train log says it finished ``updates`` updates."""
+    text = read_text(log_file)
+    return "done training" in text and f"num_updates {updates}" in text
+
+
+def complete(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0

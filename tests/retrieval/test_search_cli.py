@@ -1,0 +1,101 @@
+"""rag-search (rag_plugin/cli/search.py): its JSON lines, and its KILT output scored by the project's own
+evaluator (rag_plugin.evaluation.scoring.evaluate_files) equal to R-precision and recall@k computed by
+brute force over the knowledge source's stored vectors."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rag_plugin.build import BuildSettings, build_knowledge_source
+from tests.conftest import ROOT, synthetic_passages, write_jsonl
+
+SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"
+K = 5
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "rag_plugin.cli.search", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    rows = synthetic_passages(60, seed=4)
+    src = write_jsonl(root / "p.jsonl", rows)
+    ks = build_knowledge_source(str(root / "ks"), BuildSettings(passages=str(src), encoder=SPEC), progress=False,
+                                log=lambda m: None)
+    rng = np.random.default_rng(5)
+    gold = []
+    for i in range(12):  # a question made of some words of passage p, gold: p and another passage
+        p = int(rng.integers(60))
+        other = int(rng.integers(60))
+        words = rows[p]["text"].split()
+        question = " ".join(rng.choice(words, size=min(5, len(words)), replace=False))
+        outputs = [{"answer": "x", "provenance": [{"wikipedia_id": f"p{p}"}]}]
+        if other != p:
+            outputs.append({"answer": "y", "provenance": [{"wikipedia_id": f"p{other}"}]})
+        gold.append({"id": f"q{i}", "input": question, "output": outputs})
+    data = write_jsonl(root / "test.jsonl", gold)
+    return {"root": root, "ks": ks, "gold": gold, "data": data}
+
+
+def _brute_force_top_k(ks, questions, k):
+    from rag_plugin.retrieval.encoders import load_encoder
+
+    q = load_encoder(SPEC).encode_queries(questions)
+    scores = q @ np.asarray(ks.vectors).T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [[ks.passages.id(int(r)) for r in row] for row in order], np.take_along_axis(scores, order, 1)
+
+
+def test_kilt_output_scored_by_rag_evaluate_equals_brute_force(world, tmp_path):
+    from rag_plugin.evaluation.scoring import evaluate_files
+
+    kilt = tmp_path / "hits.jsonl"
+    proc = _run("--knowledge", world["root"] / "ks", "--data-file", world["data"], "-k", K, "--batch-size", 5,
+                "--kilt-out", kilt)
+    assert proc.returncode == 0, proc.stderr
+    questions = [g["input"] for g in world["gold"]]
+    top, top_scores = _brute_force_top_k(world["ks"], questions, K)
+    # the KILT file: one record per question, under the data file's ids, hits best first
+    records = [json.loads(line) for line in kilt.read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in records] == [g["id"] for g in world["gold"]]
+    assert [r["input"] for r in records] == questions
+    assert [[p["id"] for p in r["output"][0]["provenance"]] for r in records] == top
+    np.testing.assert_allclose([[p["score"] for p in r["output"][0]["provenance"]] for r in records], top_scores,
+                               rtol=1e-4, atol=1e-5)
+    # the JSON lines on stdout are the same hits
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [[h["id"] for h in lines if h["query"] == i] for i in range(len(questions))] == top
+    assert set(lines[0]) == {"query", "rank", "id", "title", "score", "text"}
+    # scored by the project's evaluator == brute force (single-id evidence sets: recall@k is the
+    # fraction of gold ids in the top k; R-precision is whether the first hit is gold)
+    golds = [[o["provenance"][0]["wikipedia_id"] for o in g["output"]] for g in world["gold"]]
+    metrics = evaluate_files(str(world["data"]), str(kilt), ["rprec", "recall@1", "recall@3", f"recall@{K}"])
+    for k in (1, 3, K):
+        want = 100 * np.mean([len(set(g) & set(t[:k])) / len(g) for g, t in zip(golds, top)])
+        assert metrics[f"recall@{k}"] == pytest.approx(want, abs=1e-3)
+    assert metrics["rprec"] == pytest.approx(100 * np.mean([t[0] in g for g, t in zip(golds, top)]), abs=1e-3)
+    assert 0 < metrics[f"recall@{K}"] < 100  # neither trivially all nor nothing
+
+
+def test_questions_file_ids_are_line_numbers_and_errors_are_one_line(world, tmp_path):
+    questions = [g["input"] for g in world["gold"][:3]]
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("".join(q + "\n" for q in questions), encoding="utf-8")
+    kilt = tmp_path / "hits.jsonl"
+    proc = _run("--knowledge", world["root"] / "ks", "--queries", qfile, "-k", 2, "--kilt-out", kilt)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["id"] for line in kilt.read_text().splitlines()] == ["0", "1", "2"]
+    proc = _run("--knowledge", world["root"] / "ks", "--queries", qfile, "--data-file", world["data"])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 1
+    proc = _run("--knowledge", world["root"] / "ks", "--data-file", tmp_path / "missing.jsonl", "--kilt-out",
+                tmp_path / "never.jsonl")
+    assert proc.returncode == 2 and "data file not found" in proc.stderr
+    assert not (tmp_path / "never.jsonl").exists()
+    help_text = _run("--help").stdout
+    assert "--kilt-out" in help_text and "(default: 5)" in help_text
