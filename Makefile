@@ -9,4 +9,5 @@ demo: setup
 	$(PY) examples/demo/run_demo.py
 
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests

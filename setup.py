@@ -16,6 +16,9 @@ CONSOLE_SCRIPTS = [
     "rag-plot-posterior = rag_plugin.cli.plot_doc_posterior:main",
     "rag-convert-hf = rag_plugin.cli.convert_hf:main",
     "rag-interactive = rag_plugin.cli.interactive:main",
+    "rag-vocab = rag_plugin.cli.vocab:main",                        # a generator vocabulary from your passages
+    "rag-pretrain = rag_plugin.cli.pretrain:main",                  # pretrain a generator on your passages
+    "rag-choose-k = rag_plugin.cli.choose_k:main",                  # the number of documents, chosen on valid
 ]
 
 setup(

@@ -8,7 +8,8 @@ wrapper) and what the choice of ``--optimizer`` costs, on the tiny world of rag_
 Each of ``--rounds`` rounds runs: the hand loop (RAG-Token, targets of <= 8 tokens, batch 8,
 K = 5, fused AdamW), ``fairseq-train`` with ``--optimizer torch_adamw``, ``fairseq-train`` with
 ``--optimizer adam`` (the two fairseq-train runs swap places every other round). Reported: the
-median over rounds of each contestant's median, and each ÷ the hand loop of the same round. fairseq-train runs as the real CLI in a subprocess with the
+median over rounds of each contestant's median, and each ÷ the hand loop of the same round.
+fairseq-train runs as the real CLI in a subprocess with the
 benchmark model's sizes (BART d=256 3+3 layers, BART initialisation, the knowledge source's
 question encoder), ``--log-interval 1``; its time per update is 1/``ups`` of each update after the
 first three (fairseq's own speed meter, which starts after data loading; rounded by fairseq to
@@ -26,11 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
 import world as world_mod  # noqa: E402
 from world import SPEC  # noqa: E402
 

@@ -21,6 +21,7 @@ Sizes (random weights, the shapes are what matters):
 Prints a Markdown table (median milliseconds per step after warm-up) and writes JSON.
 """
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -30,7 +31,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
@@ -113,6 +113,7 @@ def main() -> int:
         ap.error(f"unknown size(s) {', '.join(unknown)}: use {', '.join(SIZES)}")
     torch.set_num_threads(args.threads)
     import fairseq  # noqa: F401
+
     import rag_plugin
 
     rag_plugin.register()
@@ -127,9 +128,9 @@ def main() -> int:
             # the step alone, then fairseq's whole update (fairseq optimizers only), alternating
             runs = {"ms": opt.step}
             if hasattr(opt, "multiply_grads"):
-                runs["update_ms"] = lambda: fairseq_update(opt)
+                runs["update_ms"] = functools.partial(fairseq_update, opt)
             times = {key: [] for key in runs}
-            for i in range(3 + args.steps):
+            for _ in range(3 + args.steps):
                 for key, run in runs.items():
                     start = time.perf_counter()
                     run()

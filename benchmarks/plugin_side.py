@@ -5,7 +5,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from world import SPEC, load_corpus
 
 

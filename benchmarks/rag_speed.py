@@ -42,14 +42,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.modules.setdefault("torchaudio", None)  # see reference_side.py
 
 import torch  # noqa: E402
-
 import world as world_mod  # noqa: E402
 from world import SPEC  # noqa: E402
 
@@ -256,7 +253,7 @@ def memory_probe(side_name: str, world: Path, args) -> dict:
         gc.collect()
         res[f"peak_after_train_{kind}_T{t}_mb"] = peak_rss_mb()
     res["peak_after_train_mb"] = peak_rss_mb()
-    for group, members in GEN_GROUPS.items():
+    for members in GEN_GROUPS.values():
         for label, kind, mode in members:
             if side_name == "plugin" and not label.startswith("plugin"):
                 continue
@@ -344,7 +341,8 @@ def markdown(results: dict) -> str:
             lines.append("")
         work = {k: r for k, r in results["train"].items() if "gflop_per_step" in r}
         if work:
-            names = [n for n in ("plugin", "ref96", "ref300", "bare_generator") if n in next(iter(work.values()))["gflop_per_step"]]
+            measured = next(iter(work.values()))["gflop_per_step"]
+            names = [n for n in ("plugin", "ref96", "ref300", "bare_generator") if n in measured]
             titles = {"plugin": "plugin", "ref96": "tf 96", "ref300": "tf 300", "bare_generator": "bare generator"}
             lines += ["| training work, GFLOP per step (matrix products and attention, forward + backward) | "
                       + " | ".join(titles[n] for n in names) + " | plugin ÷ tf 96 (work) | achieved GFLOP/s: "
@@ -364,7 +362,8 @@ def markdown(results: dict) -> str:
             for key, r in gains.items():
                 kind, t = key.split("_T")
                 eps = r["examples_per_s"]
-                lines.append(f"| RAG-{kind.capitalize()} T={t} | {eps['plugin']:.2f} | {eps['plugin_torch_dropout']:.2f} "
+                lines.append(f"| RAG-{kind.capitalize()} T={t} | {eps['plugin']:.2f} "
+                             f"| {eps['plugin_torch_dropout']:.2f} "
                              f"| {_fmt_ratio(r, 'fast_dropout_speedup')} |")
             lines.append("")
     if "generate" in results:

@@ -20,7 +20,6 @@ sys.modules.setdefault("torchaudio", None)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from world import SPEC, load_corpus  # noqa: E402
 
 
@@ -65,8 +64,14 @@ class ReferenceSide:
     def __init__(self, world: Path, max_combined_lengths=(96, 300), adam: str = "fused"):
         """``adam``: "fused" (torch's fused AdamW: transformers' Trainer default, ``adamw_torch_fused``,
         with torch >= 2.8) or "single" (``torch.optim.Adam``'s per-tensor loop)."""
-        from transformers import (BartConfig, BartTokenizerFast, DPRConfig, DPRQuestionEncoderTokenizerFast,
-                                  RagConfig, RagRetriever)
+        from transformers import (
+            BartConfig,
+            BartTokenizerFast,
+            DPRConfig,
+            DPRQuestionEncoderTokenizerFast,
+            RagConfig,
+            RagRetriever,
+        )
         from transformers.models.rag.retrieval_rag import CustomHFIndex
 
         self.world = world

@@ -213,8 +213,8 @@ def case_table() -> List[Case]:
         return build(d, "psgs.jsonl", "--encoder", dpr_encoder(d, 1))
 
     def b_resume_encoder_changed(d, w):
-        from rag_plugin.retrieval.encoders import load_encoder
         from rag_plugin.build import BuildSettings, build_knowledge_source
+        from rag_plugin.retrieval.encoders import load_encoder
 
         lines(d / "psgs.jsonl", PSG)
         spec = dpr_encoder(d, 0)
@@ -526,7 +526,8 @@ def case_table() -> List[Case]:
              ["ckpt"]),
         Case("train: --dropout above 1", t_dropout, ["--dropout 1.5 is not a dropout probability", "[0, 1)"],
              ["ckpt"]),
-        Case("train: torch_adamw with a negative --adam-eps", t_adam_eps, ["--adam-eps -1e-08 is not a number >= 0"], ["ckpt"]),
+        Case("train: torch_adamw with a negative --adam-eps", t_adam_eps, ["--adam-eps -1e-08 is not a number >= 0"],
+             ["ckpt"]),
         *([Case("train: --fp16 with a torch without CUDA", t_fp16, ["--fp16 needs CUDA", "leave --fp16 out"], ["ckpt"])]
           if not torch.cuda.is_available() else []),
         Case("train: --bf16 (fairseq's is for TPUs)", t_bf16, ["imply --tpu", "on a GPU use --fp16"], ["ckpt"]),
@@ -674,7 +675,8 @@ def test_table_is_large_enough():
 def test_bad_input_is_one_line_error(case, outcomes):
     out = outcomes[case.name]
     problems = check(case, out)
-    assert not problems, f"{case.name}: {problems}\n--- stderr:\n{out.stderr[-3000:]}\n--- stdout:\n{out.stdout[-1500:]}"
+    assert not problems, (f"{case.name}: {problems}\n--- stderr:\n{out.stderr[-3000:]}\n"
+                          f"--- stdout:\n{out.stdout[-1500:]}")
 
 
 def markdown_table(outcomes: Dict[str, Outcome]) -> str:

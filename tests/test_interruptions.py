@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.build import BuildSettings, build_knowledge_source
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.retriever import DenseRetriever
+from rag_plugin.util.errors import UserError
 from tests.conftest import HashingEncoder, synthetic_passages, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -73,7 +73,8 @@ def _only_user_errors(read, path: Path):
 
 # ------------------------------------------------------------------------------------ passages
 PASSAGE_ID = st.one_of(st.integers(0, 40).map(str), WORDS)
-TSV_ROW = st.builds(lambda i, x, t: f"{i}\t{x}\t{t}", PASSAGE_ID, st.one_of(WORDS, WORDS.map(lambda w: f'"{w}"')), WORDS)
+TSV_ROW = st.builds(lambda i, x, t: f"{i}\t{x}\t{t}", PASSAGE_ID, st.one_of(WORDS, WORDS.map(lambda w: f'"{w}"')),
+                    WORDS)
 TSV_BAD = st.builds(lambda cols: "\t".join(cols), st.lists(st.one_of(TEXT, st.sampled_from(['"q"', '""', "1"])),
                                                           max_size=4))
 JSONL_PASSAGE = st.builds(lambda i, t, x: json.dumps({"id": i, "title": t, "text": x}),

@@ -61,8 +61,8 @@ def test_hub_refuses(evil_checkpoint):
 def test_generator_initialisation_refuses(evil_checkpoint, tiny_world):
     from fairseq.data import Dictionary
 
-    from rag_plugin.util.safe_load import safe_torch_load
     from rag_plugin.models.generator import build_bart, load_generator_weights
+    from rag_plugin.util.safe_load import safe_torch_load
 
     path, marker = evil_checkpoint
     with pytest.raises(UserError, match="safe loading refuses"):

@@ -1,0 +1,1 @@
+"""The math every RAG variant shares: the marginalisation formulas and the generator input format (no fairseq)."""

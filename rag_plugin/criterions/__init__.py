@@ -1,0 +1,1 @@
+"""The criterion (marginal NLL) and the retrieval-health monitor it reports to."""

@@ -2,7 +2,9 @@
 the top-K retrieved documents (RAG-Sequence or RAG-Token, as the model says).
 
 Reports fairseq's usual ``loss``/``nll_loss`` (base 2, per target token) and, as retrieval
-health, the entropy of p(z|x), the mean top-1 document probability and, where the data
+health, the entropy of p(z|x), the mean top-1 document probability, the share of a batch's
+questions that retrieve the batch's most common top passage (``top1_share``: near 1 when
+retrieval collapses; see :mod:`rag_plugin.criterions.retrieval_health`) and, where the data
 names gold passages, the mean p(gold passage | x) over the retrieved documents.
 """
 
@@ -16,6 +18,7 @@ from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
 from rag_plugin.core import marginalization as M
+from rag_plugin.criterions.retrieval_health import top1_shared
 from rag_plugin.util.errors import UserError
 
 
@@ -63,6 +66,7 @@ class MarginalNLLCriterion(FairseqCriterion):
             "sample_size": sample_size,
             "doc_entropy": M.doc_posterior_entropy(doc_lp).sum().data,
             "top1_doc_prob": M.top1_doc_prob(doc_lp).sum().data,
+            "top1_shared": top1_shared(net_output[1].get("doc_rows")),  # rows live on the host: no device sync
         }
         gold = sample.get("gold_rows")
         if (not model.training and self.best_checkpoint_metric == "gold_doc_prob"
@@ -71,7 +75,8 @@ class MarginalNLLCriterion(FairseqCriterion):
                     else "this valid set names none that is in the knowledge source")
             raise UserError(f"--best-checkpoint-metric gold_doc_prob needs retrieved documents and gold passages "
                             f"(provenance) in the valid set; {what}",
-                            fix="choose another --best-checkpoint-metric (e.g. loss), or add provenance to the valid set")
+                            fix="choose another --best-checkpoint-metric (e.g. loss), or add provenance to the "
+                                "valid set")
         if gold is not None and net_output[1].get("doc_rows") is not None:
             stats["gold_doc_prob"] = gold_doc_prob(doc_lp, net_output[1]["doc_rows"], gold).sum().data
             stats["n_with_gold"] = gold.ge(0).any(-1).sum().data  # a tensor like the others: no device sync
@@ -101,6 +106,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         metrics.log_derived("ppl", lambda meters: 2 ** meters["nll_loss"].avg)
         metrics.log_scalar("doc_entropy", total("doc_entropy") / max(nsent, 1), nsent, round=3)
         metrics.log_scalar("top1_doc_prob", total("top1_doc_prob") / max(nsent, 1), nsent, round=3)
+        metrics.log_scalar("top1_share", total("top1_shared") / max(nsent, 1), nsent, round=3)
         n_gold = total("n_with_gold")
         if n_gold > 0:
             metrics.log_scalar("gold_doc_prob", total("gold_doc_prob") / n_gold, n_gold, round=4)

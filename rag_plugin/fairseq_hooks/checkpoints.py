@@ -48,6 +48,59 @@ def _atomic_copyfile(src: str, dst: str) -> str:
     return dst
 
 
+def _guarded_load_to_cpu(plain, path_manager):
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        if not os.path.exists(path_manager.get_local_path(path)):
+            raise UserError("checkpoint not found", path=str(path), fix="check the path (--path / --restore-file)")
+        try:
+            return plain(path, arg_overrides, load_on_all_ranks)
+        except Exception as err:
+            if _from_torch_load(err.__traceback__):
+                raise checkpoint_load_error(path, err) from None
+            raise
+
+    return load_checkpoint_to_cpu
+
+
+def _guarded_load_ensemble(plain, path_manager):
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
+                                     num_shards=1, state=None):
+        if state is None and not suffix and num_shards == 1:
+            for filename in filenames:
+                if not path_manager.exists(filename):
+                    raise UserError("checkpoint not found", path=str(filename),
+                                    fix="check --path (several checkpoints are separated by ':')")
+        return plain(filenames, arg_overrides, task, strict, suffix, num_shards, state)
+
+    return load_model_ensemble_and_task
+
+
+def _guarded_load_for_training(plain, path_manager):
+    def load_checkpoint(cfg, trainer, **passthrough_args):
+        restore = getattr(cfg, "restore_file", "checkpoint_last.pt")
+        if restore != "checkpoint_last.pt" and not getattr(cfg, "finetune_from_model", None):
+            suffix = getattr(trainer, "checkpoint_suffix", "") or ""
+            path = restore.replace(".pt", suffix + ".pt") if suffix else restore
+            if not path_manager.exists(path):
+                raise UserError("--restore-file not found", path=str(path),
+                                fix="check the path; leave --restore-file out to resume from "
+                                    "SAVE_DIR/checkpoint_last.pt (or start fresh when there is none)")
+        return plain(cfg, trainer, **passthrough_args)
+
+    return load_checkpoint
+
+
+def _atomic_copy(plain, path_manager):
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if (path_manager.path_requires_pathmanager(src_path) or path_manager.path_requires_pathmanager(dst_path)
+                or (not overwrite and os.path.exists(dst_path))):
+            return plain(src_path, dst_path, overwrite)
+        _atomic_copyfile(src_path, dst_path)
+        return True
+
+    return copy
+
+
 def guard_fairseq_checkpoints() -> None:
     """Wrap fairseq's checkpoint functions so that, for every fairseq command line and
     :mod:`rag_plugin.hub`:
@@ -69,53 +122,9 @@ def guard_fairseq_checkpoints() -> None:
 
     if getattr(checkpoint_utils, "_rag_plugin_guarded", False):
         return
-    load_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
-    load_ensemble = checkpoint_utils.load_model_ensemble_and_task
-    load_for_training = checkpoint_utils.load_checkpoint
-
-    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-        local = PathManager.get_local_path(path)
-        if not os.path.exists(local):
-            raise UserError("checkpoint not found", path=str(path), fix="check the path (--path / --restore-file)")
-        try:
-            return load_to_cpu(path, arg_overrides, load_on_all_ranks)
-        except Exception as err:
-            if _from_torch_load(err.__traceback__):
-                raise checkpoint_load_error(path, err) from None
-            raise
-
-    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="",
-                                     num_shards=1, state=None):
-        if state is None and not suffix and num_shards == 1:
-            for filename in filenames:
-                if not PathManager.exists(filename):
-                    raise UserError("checkpoint not found", path=str(filename),
-                                    fix="check --path (several checkpoints are separated by ':')")
-        return load_ensemble(filenames, arg_overrides, task, strict, suffix, num_shards, state)
-
-    def load_checkpoint(cfg, trainer, **passthrough_args):
-        restore = getattr(cfg, "restore_file", "checkpoint_last.pt")
-        if restore != "checkpoint_last.pt" and not getattr(cfg, "finetune_from_model", None):
-            suffix = getattr(trainer, "checkpoint_suffix", "") or ""
-            path = restore.replace(".pt", suffix + ".pt") if suffix else restore
-            if not PathManager.exists(path):
-                raise UserError("--restore-file not found", path=str(path),
-                                fix="check the path; leave --restore-file out to resume from "
-                                    "SAVE_DIR/checkpoint_last.pt (or start fresh when there is none)")
-        return load_for_training(cfg, trainer, **passthrough_args)
-
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
-    checkpoint_utils.load_checkpoint = load_checkpoint
-
-    plain_copy = PathManager.copy
-
-    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-        if (PathManager.path_requires_pathmanager(src_path) or PathManager.path_requires_pathmanager(dst_path)
-                or (not overwrite and os.path.exists(dst_path))):
-            return plain_copy(src_path, dst_path, overwrite)
-        _atomic_copyfile(src_path, dst_path)
-        return True
-
-    PathManager.copy = staticmethod(copy)
+    checkpoint_utils.load_checkpoint_to_cpu = _guarded_load_to_cpu(checkpoint_utils.load_checkpoint_to_cpu, PathManager)
+    checkpoint_utils.load_model_ensemble_and_task = _guarded_load_ensemble(
+        checkpoint_utils.load_model_ensemble_and_task, PathManager)
+    checkpoint_utils.load_checkpoint = _guarded_load_for_training(checkpoint_utils.load_checkpoint, PathManager)
+    PathManager.copy = staticmethod(_atomic_copy(PathManager.copy, PathManager))
     checkpoint_utils._rag_plugin_guarded = True

@@ -15,7 +15,6 @@ from typing import Optional
 from rag_plugin.generation.options import REPLACE_UNK
 from rag_plugin.util.errors import UserError, exception_chain, user_error_in_chain
 
-
 #: What torch.distributed's backends say when another rank is gone (its process died, its
 #: connection dropped) or did not answer within the process group's timeout.
 _LOST_RANK_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",

@@ -266,62 +266,82 @@ def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List
     ``known[(c, d)]``: per-token scores already computed for candidate c under document d
     (its beam found it); only the other (candidate, document) pairs run the decoder, as in
     the paper's Thorough decoding. ``only``: score just these (candidate, document) pairs (the
-    others stay 0; RAG-Sequence Fast when its beams' scores are not the model's). Pairs are taken in chunks; a chunk runs the decoder once over
+    others stay 0; RAG-Sequence Fast when its beams' scores are not the model's). Pairs are taken in
+    chunks; a chunk runs the decoder once over
     rows grouped by pair, every pair's list padded to the chunk's longest (at most
     ``max_padding`` x the real rows, at most ``max_cells`` logits), so the cross-attention keys
     and values of a pair are computed once and shared by its candidates.
     """
-    pad, eos = rag.pad, rag.eos
-    device = encoder_out["encoder_out"][0].device
-    c = len(tokens)
     t = max(len(y) for y in tokens)
-    out = torch.zeros(c, k, t)
+    out = torch.zeros(len(tokens), k, t)
     known = known or {}
     for (ci, d), scores in known.items():
         out[ci, d, : len(scores)] = scores
+    wanted = _pairs_to_score(owner, k, known, only)       # pair row -> candidates to score under it
+    if not wanted:
+        return out
+    target, prev = _teacher_forcing_rows(tokens, t, rag.pad, rag.eos)
+    order = sorted(wanted, key=lambda pair: (-len(wanted[pair]), pair))
+    vocab = len(rag.dictionary)
+    for pairs, longest in _chunks(order, wanted, t * vocab, max_padding, max_cells):
+        _score_chunk(rag, encoder_out, pairs, longest, wanted, (target, prev), out, k, max_cells // (t * vocab))
+    return out
+
+
+def _pairs_to_score(owner: torch.Tensor, k: int, known, only) -> Dict[int, List[int]]:
+    """(question, document) pair row -> the candidates of that question still to be scored under it."""
     by_question: Dict[int, List[int]] = {}
     for i, q in enumerate(owner.tolist()):
         by_question.setdefault(q, []).append(i)
-    wanted = {}                                           # pair row -> candidates to score under it
+    wanted = {}
     for q, cands in by_question.items():
         for d in range(k):
             todo = [ci for ci in cands if (ci, d) not in known and (only is None or (ci, d) in only)]
             if todo:
                 wanted[q * k + d] = todo
-    if not wanted:
-        return out
-    target, prev = _teacher_forcing_rows(tokens, t, pad, eos)
-    order = sorted(wanted, key=lambda pair: (-len(wanted[pair]), pair))
-    vocab = len(rag.dictionary)
+    return wanted
+
+
+def _chunks(order: List[int], wanted: Dict[int, List[int]], cells_per_row: int, max_padding: float,
+            max_cells: int):
+    """``(pairs, longest list)`` chunks of ``order``: each chunk's lists padded to its longest stay within
+    ``max_padding`` x the real rows and ``max_cells`` logits (a first pair always goes in)."""
     start = 0
     while start < len(order):
-        h = len(wanted[order[start]])                     # the chunk's longest list
+        longest = len(wanted[order[start]])
         end, real = start, 0
         while end < len(order):
             n = len(wanted[order[end]])
-            rows = (end - start + 1) * h
-            if end > start and (rows > max_padding * (real + n) or rows * t * vocab > max_cells):
+            rows = (end - start + 1) * longest
+            if end > start and (rows > max_padding * (real + n) or rows * cells_per_row > max_cells):
                 break
             real += n
             end += 1
-        pairs = order[start:end]
-        enc = rag.generator.encoder.reorder_encoder_out(_bart_part(encoder_out), torch.tensor(pairs, device=device))
-        step = max(1, max_cells // (len(pairs) * t * vocab))  # a single long list goes in slices
-        for lo in range(0, h, step):
-            hi = min(h, lo + step)
-            # rows (pair, slot); a shorter list repeats its last candidate
-            rows = torch.tensor([wanted[p][min(j, len(wanted[p]) - 1)] for p in pairs for j in range(lo, hi)])
-            logits, _ = rag.generator.decoder(prev[rows].to(device), encoder_out=enc)
-            tgt = target[rows].to(device)
-            lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-            lp = lp.masked_fill(tgt.eq(pad), 0.0).view(len(pairs), hi - lo, t).cpu()
-            del logits
-            for pi, p in enumerate(pairs):
-                cands = wanted[p][lo:hi]
-                if cands:
-                    out[torch.tensor(cands), p % k] = lp[pi, : len(cands)]
+        yield order[start:end], longest
         start = end
-    return out
+
+
+def _score_chunk(rag, encoder_out, pairs: List[int], longest: int, wanted, forcing, out: torch.Tensor, k: int,
+                 max_rows: int) -> None:
+    """Teacher-force the chunk's (pair, candidate) rows into ``out``; a single long list goes in slices."""
+    target, prev = forcing
+    t = target.size(1)
+    device = encoder_out["encoder_out"][0].device
+    enc = rag.generator.encoder.reorder_encoder_out(_bart_part(encoder_out), torch.tensor(pairs, device=device))
+    step = max(1, max_rows // len(pairs))
+    for lo in range(0, longest, step):
+        hi = min(longest, lo + step)
+        # rows (pair, slot); a shorter list repeats its last candidate
+        rows = torch.tensor([wanted[p][min(j, len(wanted[p]) - 1)] for p in pairs for j in range(lo, hi)])
+        logits, _ = rag.generator.decoder(prev[rows].to(device), encoder_out=enc)
+        tgt = target[rows].to(device)
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        lp = lp.masked_fill(tgt.eq(rag.pad), 0.0).view(len(pairs), hi - lo, t).cpu()
+        del logits
+        for pi, p in enumerate(pairs):
+            cands = wanted[p][lo:hi]
+            if cands:
+                out[torch.tensor(cands), p % k] = lp[pi, : len(cands)]
 
 
 def _teacher_forcing_rows(targets: List[torch.Tensor], t: int, pad: int, eos: int):

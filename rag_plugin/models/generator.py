@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from rag_plugin.util.safe_load import safe_torch_load
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.safe_load import safe_torch_load
 
 logger = logging.getLogger(__name__)
 

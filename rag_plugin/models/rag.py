@@ -17,15 +17,16 @@ import copy
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from omegaconf import II
 
 from rag_plugin.models.context import RetrievalContext
-from rag_plugin.util.errors import UserError
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
+from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -40,21 +41,24 @@ def _generator_init(cfg) -> str:
 @dataclass
 class RagConfig(FairseqDataclass):
     generator_size: ChoiceEnum(["tiny", "base", "large"]) = field(
-        default="tiny", metadata={"help": "generator sizes: tiny (2+2 layers, d=192), base (bart.base), large (bart.large)"})
+        default="tiny", metadata={"help": "generator sizes: tiny (2+2 layers, d=192), base (bart.base), "
+                                          "large (bart.large)"})
     generator_embed_dim: int = field(default=0, metadata={"help": "override the size preset's model dimension"})
     generator_layers: int = field(default=0, metadata={"help": "override the preset's encoder and decoder layers"})
     generator_heads: int = field(default=0, metadata={"help": "override the preset's attention heads"})
     generator_ffn_dim: int = field(default=0, metadata={"help": "override the preset's feed-forward dimension"})
     generator_positions: ChoiceEnum(["learned", "sinusoidal"]) = field(
         default="learned", metadata={"help": "position embeddings of a generator trained from scratch: 'learned' "
-                                             "(BART's) or 'sinusoidal' (fixed; trains far more slowly at the tiny size, "
+                                             "(BART's) or 'sinusoidal' (fixed; trains far more slowly at the tiny "
+                                             "size, "
                                              "see build_bart)"})
     generator_init: ChoiceEnum(["auto", "bart", "xavier"]) = field(
         default="auto", metadata={"help": "initialisation of a generator trained from scratch: 'bart' (N(0, 0.02)), "
                                           "'xavier' (fairseq's transformer: copying is learned far sooner at small "
                                           "sizes), 'auto' = xavier for the tiny size, bart otherwise"})
     generator_checkpoint: Optional[str] = field(
-        default=None, metadata={"help": "initialise the generator from a fairseq BART model.pt (bart.base / bart.large)"})
+        default=None, metadata={"help": "initialise the generator from a fairseq BART model.pt (bart.base / "
+                                        "bart.large)"})
     query_encoder: str = field(
         default="knowledge", metadata={"help": "query encoder initialisation: 'knowledge' (the knowledge source's "
                                                "encoder: MiniLM or DPR's question encoder), 'random', or an encoder "
@@ -65,11 +69,14 @@ class RagConfig(FairseqDataclass):
         default=False, metadata={"help": "keep the query encoder's token embeddings fixed (train its layers only); "
                                          "saves the dense gradient and Adam state of a 30k x d table on CPU"})
     query_encoder_lr_scale: float = field(
-        default=1.0, metadata={"help": "the query encoder learns at this multiple of --lr (e.g. 0.03: a generator "
-                                       "trained from scratch at 1e-3 beside a pretrained query encoder at 3e-5); "
-                                       "works with any fairseq optimizer; its decoupled weight decay follows the "
-                                       "same multiple with --optimizer torch_adamw only (others decay it at the "
-                                       "full lr x --weight-decay)"})
+        default=0.0, metadata={"help": "the query encoder learns at this multiple of --lr (e.g. 0.03: a generator "
+                                       "trained from scratch at 1e-3 beside a pretrained query encoder at 3e-5). "
+                                       "0 = automatic: min(1, 3e-5 / --lr), so the query encoder never learns faster "
+                                       "than the paper's 3e-5 (faster, it collapses: every question retrieves the "
+                                       "same passages). Works with any fairseq optimizer; its decoupled weight decay "
+                                       "follows the same multiple with --optimizer torch_adamw only (others decay "
+                                       "it at the full lr x --weight-decay)"})
+    lr: Any = II("optimization.lr")
     doc_score_scale: float = field(
         default=0.0, metadata={"help": "p(z|x) = softmax(scale * q.d). 0 = automatic: 1 for DPR's unnormalised "
                                        "inner products, 20 for L2-normalised encoders such as MiniLM (whose cosine "
@@ -125,12 +132,38 @@ def scale_learning_rate(module: torch.nn.Module, scale: float) -> None:
                 getattr(sub.parametrizations, name).original.lr_scale = scale
 
 
+#: the query encoder's learning rate in the paper (Appendix B: 3e-5 for the whole model)
+QUERY_ENCODER_LR = 3e-5
+
+
+def query_encoder_lr_scale(cfg) -> float:
+    """``--query-encoder-lr-scale``, with 0 resolved to min(1, 3e-5 / --lr) (1 when --lr is not known)."""
+    scale = float(cfg.query_encoder_lr_scale)
+    if scale < 0:
+        raise UserError(f"--query-encoder-lr-scale must be positive (or 0: automatic), got {scale}",
+                        fix="use --freeze-query-encoder to keep it fixed")
+    if scale > 0:
+        return scale
+    try:
+        lr = cfg.lr
+        first = float(lr if isinstance(lr, (int, float)) else lr[0])
+    except Exception:  # no --lr in this config (a model built outside fairseq's options): "${...}", None, ...
+        return 1.0
+    return min(1.0, QUERY_ENCODER_LR / first) if first > 0 else 1.0
+
+
 def _as_config(cfg) -> RagConfig:
     """fairseq hands a Namespace (CLI) or a DictConfig (hydra/checkpoint): make it a RagConfig."""
     if isinstance(cfg, RagConfig):
         return cfg
-    names = RagConfig.__dataclass_fields__.keys()
-    values = {k: getattr(cfg, k) for k in names if not k.startswith("_") and getattr(cfg, k, None) is not None}
+    values = {}
+    for name in RagConfig.__dataclass_fields__:
+        try:
+            value = getattr(cfg, name, None)
+        except Exception:  # an interpolation (``lr: ${optimization.lr}``) this config cannot resolve
+            value = None
+        if not name.startswith("_") and value is not None:
+            values[name] = value
     return RagConfig(**values)
 
 
@@ -158,8 +191,9 @@ class RagModel(BaseFairseqModel):
                 p.requires_grad_(False)
         if query_encoder is not None and cfg.freeze_query_embeddings:
             query_encoder.bert_model.embeddings.word_embeddings.weight.requires_grad_(False)
-        if query_encoder is not None and not cfg.freeze_query_encoder and cfg.query_encoder_lr_scale != 1.0:
-            scale_learning_rate(query_encoder, cfg.query_encoder_lr_scale)
+        scale = query_encoder_lr_scale(cfg)
+        if query_encoder is not None and not cfg.freeze_query_encoder and scale != 1.0:
+            scale_learning_rate(query_encoder, scale)
 
     # ------------------------------------------------------------------ construction
     @classmethod

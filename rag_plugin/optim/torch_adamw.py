@@ -62,7 +62,8 @@ def parse_betas(betas: Any) -> tuple:
     except (TypeError, ValueError):
         parts = []
     if len(parts) != 2 or not all(0.0 <= b < 1.0 for b in parts):
-        raise UserError(f"--adam-betas {betas!r} is not two numbers in [0, 1)", fix="write e.g. --adam-betas '(0.9, 0.98)'")
+        raise UserError(f"--adam-betas {betas!r} is not two numbers in [0, 1)",
+                        fix="write e.g. --adam-betas '(0.9, 0.98)'")
     return tuple(parts)
 
 

@@ -25,6 +25,7 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from rag_plugin.core.input_format import target_layout
+from rag_plugin.criterions.retrieval_health import CollapseMonitor
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
@@ -90,6 +91,7 @@ class RetrievalAugmentedTask(FairseqTask):
         self._jsonl_outputs = {}
         # fairseq-interactive: the ids it prints for the batches to come (see build_dataset_for_inference)
         self._interactive = {"next_id": 0, "dataset": None, "batches": deque()}
+        self.collapse = CollapseMonitor()  # warns when retrieval collapses in training
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -279,12 +281,19 @@ class RetrievalAugmentedTask(FairseqTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
-        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        loss, sample_size, stats = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        if not ignore_grad:
+            self.collapse.observe_train(stats)
+        return loss, sample_size, stats
 
     def valid_step(self, sample, model, criterion):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
-        return super().valid_step(sample, model, criterion)
+        loss, sample_size, stats = super().valid_step(sample, model, criterion)
+        self.collapse.observe_valid(stats)
+        if self.collapse.valid_count() in {len(d) for split, d in self.datasets.items() if split != "train"}:
+            self.collapse.end_valid()  # a whole validation pass is in
+        return loss, sample_size, stats
 
     # ------------------------------------------------------------------ model
     def build_model(self, cfg, from_checkpoint=False):
@@ -312,7 +321,8 @@ class RetrievalAugmentedTask(FairseqTask):
             if score_reference:
                 what, fix = "--score-reference", "leave --doc-posterior-out out when scoring references"
             else:
-                what, fix = "a RAG-Sequence checkpoint (rag_seq)", "leave --doc-posterior-out out, or use a rag_token checkpoint"
+                what = "a RAG-Sequence checkpoint (rag_seq)"
+                fix = "leave --doc-posterior-out out, or use a rag_token checkpoint"
             raise UserError(f"--doc-posterior-out writes RAG-Token's per-token document posterior of generated "
                             f"answers; with {what} there is none to write", fix=fix)
         if score_reference:

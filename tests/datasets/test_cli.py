@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from dataset_fixtures import REPO, assert_one_line_error, read_jsonl, run_prepare
+
 from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records
 
 DATASETS = ("nq", "triviaqa", "webquestions", "curatedtrec", "msmarco", "jeopardy", "fever")

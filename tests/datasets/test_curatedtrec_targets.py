@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from rag_plugin.datasets.curatedtrec import (derive_targets, expand_pattern, match_counts, most_frequent_match,
-                                         rewrite_record)
+from rag_plugin.datasets.curatedtrec import (
+    derive_targets,
+    expand_pattern,
+    match_counts,
+    most_frequent_match,
+    rewrite_record,
+)
 from rag_plugin.util.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 import json
 
 import pytest
-
 from dataset_fixtures import FEVER_ORIGINAL, check_readable, read_jsonl, run_prepare, write_jsonl
+
 from rag_plugin.datasets.fever import convert_fever
 from rag_plugin.datasets.writer import SPLITS
 from rag_plugin.util.errors import UserError

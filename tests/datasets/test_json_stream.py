@@ -1,7 +1,7 @@
 """The streaming JSON parser of the converters (rag_plugin.datasets.json_stream)."""
 import pytest
-
 from dataset_fixtures import write_json
+
 from rag_plugin.datasets.json_stream import JsonStream
 from rag_plugin.util.errors import UserError
 

@@ -41,5 +41,6 @@ def test_missing_file_and_damaged_gzip(tmp_path):
     data = gzip.compress(("".join(json.dumps(r) + "\n" for r in ROWS * 2000)).encode())
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(UserError, match=r"cut.jsonl.gz: not a readable gzip file \(.*\) \(download it again, or pass the decompressed file\)"):
+    with pytest.raises(UserError, match=r"cut.jsonl.gz: not a readable gzip file \(.*\) "
+                                        r"\(download it again, or pass the decompressed file\)"):
         list(iter_jsonl(cut))

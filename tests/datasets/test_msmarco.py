@@ -4,9 +4,19 @@ import gzip
 import json
 
 import pytest
+from dataset_fixtures import (
+    MARCO_DEV,
+    MARCO_TRAIN,
+    NQ_QAS_DEV,
+    assert_nothing_left,
+    check_readable,
+    msmarco_v21,
+    run_prepare,
+    splits,
+    write_json,
+    write_lines,
+)
 
-from dataset_fixtures import (MARCO_DEV, MARCO_TRAIN, NQ_QAS_DEV, assert_nothing_left, check_readable, msmarco_v21,
-                              run_prepare, splits, write_json, write_lines)
 from rag_plugin.datasets.msmarco import convert_msmarco
 from rag_plugin.datasets.writer import SPLITS
 from rag_plugin.util.errors import UserError

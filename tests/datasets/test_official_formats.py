@@ -7,10 +7,26 @@ import json
 from pathlib import Path
 
 import pytest
+from dataset_fixtures import (
+    FEVER_ORIGINAL,
+    JEOPARDY,
+    MARCO_DEV,
+    MARCO_TRAIN,
+    TQA_QUESTIONS,
+    assert_nothing_left,
+    assert_one_line_error,
+    check_readable,
+    msmarco_v21,
+    read_jsonl,
+    run_prepare,
+    splits,
+    triviaqa_json,
+    write_gz,
+    write_json,
+    write_jsonl,
+    write_lines,
+)
 
-from dataset_fixtures import (FEVER_ORIGINAL, JEOPARDY, MARCO_DEV, MARCO_TRAIN, TQA_QUESTIONS, assert_nothing_left,
-                              assert_one_line_error, check_readable, msmarco_v21, read_jsonl, run_prepare, splits,
-                              triviaqa_json, write_gz, write_json, write_jsonl, write_lines)
 from rag_plugin.datasets.fever import convert_fever
 from rag_plugin.datasets.jeopardy import convert_jeopardy
 from rag_plugin.datasets.msmarco import convert_msmarco

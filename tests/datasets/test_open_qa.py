@@ -4,10 +4,26 @@ import gzip
 import json
 
 import pytest
+from dataset_fixtures import (
+    CT_QAS,
+    NQ_QAS_DEV,
+    NQ_QAS_TRAIN,
+    TQA_QUESTIONS,
+    assert_nothing_left,
+    assert_one_line_error,
+    check_readable,
+    dpr_json_records,
+    kilt_nq_records,
+    kilt_tqa_line,
+    read_jsonl,
+    run_prepare,
+    splits,
+    triviaqa_json,
+    write_json,
+    write_jsonl,
+    write_lines,
+)
 
-from dataset_fixtures import (CT_QAS, NQ_QAS_DEV, NQ_QAS_TRAIN, TQA_QUESTIONS, assert_nothing_left,
-                              assert_one_line_error, check_readable, dpr_json_records, kilt_nq_records, kilt_tqa_line,
-                              read_jsonl, run_prepare, splits, triviaqa_json, write_json, write_jsonl, write_lines)
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.datasets.open_qa import convert_open_qa
 from rag_plugin.util.errors import UserError

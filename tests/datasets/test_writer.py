@@ -3,9 +3,19 @@ nothing output, the rules of the output directory and of the splits."""
 import json
 
 import pytest
+from dataset_fixtures import (
+    FEVER_ORIGINAL,
+    NQ_QAS_DEV,
+    NQ_QAS_TRAIN,
+    assert_nothing_left,
+    assert_one_line_error,
+    dpr_json_records,
+    kilt_nq_records,
+    run_prepare,
+    write_jsonl,
+    write_lines,
+)
 
-from dataset_fixtures import (FEVER_ORIGINAL, NQ_QAS_DEV, NQ_QAS_TRAIN, assert_nothing_left, assert_one_line_error,
-                              dpr_json_records, kilt_nq_records, run_prepare, write_jsonl, write_lines)
 from rag_plugin.datasets.open_qa import convert_open_qa
 from rag_plugin.util.errors import UserError
 

@@ -7,9 +7,9 @@ pytest.importorskip("fairseq")
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.modules import MultiheadAttention  # noqa: E402
 
-from rag_plugin.util.errors import UserError  # noqa: E402
 from rag_plugin.models.generator import build_bart  # noqa: E402
 from rag_plugin.models.rag import RagConfig, _generator_init  # noqa: E402
+from rag_plugin.util.errors import UserError  # noqa: E402
 
 
 def _dictionary(n=500):

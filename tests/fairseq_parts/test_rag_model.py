@@ -117,7 +117,8 @@ def test_gradient_reaches_query_encoder_never_documents(tiny_world):
     assert all(p.grad is None for p in task.text_encoder.passage_tower.parameters())
     assert all(p.grad is not None for p in model.generator.parameters() if p.requires_grad)
     # the query encoder is a copy: training it cannot move the document encoder
-    assert not any(a is b for a in model.query_encoder.parameters() for b in task.text_encoder.passage_tower.parameters())
+    passage_side = list(task.text_encoder.passage_tower.parameters())
+    assert not any(a is b for a in model.query_encoder.parameters() for b in passage_side)
     torch.optim.SGD(model.parameters(), lr=1.0).step()
     np.testing.assert_array_equal(vectors_before, np.asarray(task.knowledge.vectors))
 
@@ -228,7 +229,7 @@ def test_bm25_scores_survive_fairseqs_16_bit_batches(tiny_world):
     sample = _batch(task)
     scores = sample["net_input"]["fixed_doc_scores"].clone()
     for dtype in (torch.half, torch.bfloat16):
-        cast = utils.apply_to_sample(lambda t: t.to(dtype) if t.dtype is torch.float32 else t, sample)
+        cast = utils.apply_to_sample(lambda t, dtype=dtype: t.to(dtype) if t.dtype is torch.float32 else t, sample)
         assert torch.equal(cast["net_input"]["fixed_doc_scores"], scores)
     model = _model(RagTokenModel, task).eval()
     with torch.no_grad():
@@ -268,6 +269,7 @@ def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_
     target tokens); the logged loss is per sample_size, nll per token. --best-checkpoint-metric
     gold_doc_prob on a valid set without provenance: a one-line error, not fairseq's KeyError."""
     from fairseq import metrics
+
     from rag_plugin.util.errors import UserError
 
     task = _task(tiny_world, n_docs=3)

@@ -220,7 +220,8 @@ def _bad_cases(world, tmp):
     save = tmp / "never"
     return {
         "missing valid split": (_args(world, save, data=no_valid), "valid"),
-        "line without input": (_args(world, save, data=data_with("no_input", [GOOD, {"id": "x", "output": [{"answer": "a"}]}])),
+        "line without input": (_args(world, save,
+                                     data=data_with("no_input", [GOOD, {"id": "x", "output": [{"answer": "a"}]}])),
                                "input"),
         "line without output": (_args(world, save, data=data_with("no_output", [GOOD, {"id": "x", "input": "q?"}])),
                                 "output"),

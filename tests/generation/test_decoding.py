@@ -180,7 +180,8 @@ def _exact_retrieval(rag, questions, k):
 
 
 def _generate_cli(world, ckpt, *extra, data=None, knowledge=None):
-    cmd = [str(Path(sys.executable).parent / "fairseq-generate"), str(data or world["data"]), "--user-dir", "rag_plugin",
+    cmd = [str(Path(sys.executable).parent / "fairseq-generate"), str(data or world["data"]),
+           "--user-dir", "rag_plugin",
            "--task", "retrieval_augmented", "--knowledge", str(knowledge or world["ks"]), "--path", str(ckpt),
            "--gen-subset", "test", "--batch-size", "2", "--max-len-b", "5", "--cpu", "--num-workers", "0",
            "--n-docs", "3", *extra]
@@ -286,7 +287,8 @@ def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
 
     other = tmp_path / "other_ks"
     build_knowledge_source(str(other), BuildSettings(
-        passages=str(tiny_world["root"] / "passages.jsonl"), encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=9",
+        passages=str(tiny_world["root"] / "passages.jsonl"),
+        encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=9",
         dict=str(tiny_world["root"] / "dict.txt"), bpe_model=str(tiny_world["root"] / "spm.model")),
         progress=False, log=lambda m: None)
     r = _generate_cli(tiny_world, trained["rag_token_tiny"], knowledge=other)

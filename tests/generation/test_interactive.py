@@ -19,7 +19,8 @@ QUESTIONS = ["What is the capital of Kakaka and of all the other places named in
 def test_interactive_z_lines_follow_their_question(tiny_world, trained, tmp_path):
     questions = tmp_path / "questions.txt"
     questions.write_text("\n".join(QUESTIONS) + "\n")
-    cmd = [str(Path(sys.executable).parent / "fairseq-interactive"), str(tiny_world["data"]), "--user-dir", "rag_plugin",
+    cmd = [str(Path(sys.executable).parent / "fairseq-interactive"), str(tiny_world["data"]),
+           "--user-dir", "rag_plugin",
            "--task", "retrieval_augmented", "--knowledge", str(tiny_world["ks"]), "--path",
            str(trained["rag_token_tiny"]), "--n-docs", "2", "--cpu", "--beam", "1", "--max-len-b", "4",
            "--buffer-size", "3", "--batch-size", "2", "--input", str(questions)]

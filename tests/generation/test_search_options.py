@@ -18,10 +18,10 @@ import torch
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.tasks import FairseqTask
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.generation import provenance
 from rag_plugin.generation.adapters import retrieval_of
 from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
+from rag_plugin.util.errors import UserError
 from tests.generation.test_decoding import _forced_log_probs, _gen, _setup, _teacher_forced
 
 K, BEAM = 3, 3

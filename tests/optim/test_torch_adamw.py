@@ -5,13 +5,12 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from fairseq.optim.adam import Adam as FairseqAdamImpl
+from omegaconf import OmegaConf
 
 import rag_plugin
-from rag_plugin.util.errors import UserError
 from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig, fusable, parse_betas
-
+from rag_plugin.util.errors import UserError
 from tests.fairseq_parts.test_training import _args, _load, _run, _updates
 
 rag_plugin.register()

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_plugin.util.errors import UserError
 from rag_plugin.retrieval.tokenization import BOS, EOS, PAD, UNK, GeneratorTokenizer, read_dictionary
+from rag_plugin.util.errors import UserError
 
 
 def test_fairseq_dictionary_layout(tmp_path):
