@@ -150,7 +150,8 @@ def model_config(source: RagFolder):
     cfg = RagConfig(_name=source.architecture, generator_size=preset or "large", **sizes,
                     max_source_positions=source.max_source_positions, max_target_positions=dims["max_positions"],
                     input_format=source.input_format.name, doc_score_scale=1.0, dropout=dims["dropout"],
-                    attention_dropout=dims["attention_dropout"], activation_dropout=dims["activation_dropout"])
+                    attention_dropout=dims["attention_dropout"], activation_dropout=dims["activation_dropout"],
+                    query_encoder_lr_scale=1.0)  # weights saved as they are (no lr reparametrisation)
     return cfg, preset
 
 
