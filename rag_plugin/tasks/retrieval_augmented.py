@@ -24,6 +24,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from rag_plugin.core.input_format import target_layout
 from rag_plugin.criterions.retrieval_health import CollapseMonitor
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
@@ -64,6 +65,10 @@ class RetrievalAugmentedConfig(FairseqDataclass):
                                         "every this many seconds (0: after every batch; -1: never)"})
     train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
                                                                       "(default: the first answer only)"})
+    target_format: ChoiceEnum(["plugin", "hf"]) = field(
+        default="plugin", metadata={"help": "plugin: the decoder starts with </s> (as in generation); hf: with <s>, "
+                                            "scoring 'answer </s>' (transformers' finetune_rag objective, to fine-tune "
+                                            "a converted model on it; see rag_plugin/core/input_format.py)"})
     seed: int = II("common.seed")
     quiet: bool = II("common_eval.quiet")
     post_process: Optional[str] = II("common_eval.post_process")
@@ -251,16 +256,17 @@ class RetrievalAugmentedTask(FairseqTask):
             decoded = [self.text_encoder.tokenizer.decode(ids, skip_special_tokens=True) for ids in q_enc]
         q_gen = self.tokenizer.encode_batch([fmt.question_string(q, d) for q, d in zip(questions, decoded)])
         tgt = None
+        layout = target_layout(str(getattr(self.cfg, "target_format", "plugin")), fmt, self.dictionary.bos(),
+                               self.dictionary.eos())
         if targets is not None:
-            prefix = fmt.target_prefix(self.dictionary.bos())
-            tgt = [prefix + t for t in self.tokenizer.encode_batch(targets)]
+            tgt = [layout.prefix + t for t in self.tokenizer.encode_batch(targets)]
         fixed_rows = fixed_scores = None
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
             found = self.bm25.search(questions, self.cfg.n_docs)
             fixed_rows, fixed_scores = found.rows, found.scores
         dataset = RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
                                      fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
-                                     gold_rows=gold_rows)
+                                     gold_rows=gold_rows, decoder_start=layout.decoder_start)
         self._set_max_target(dataset, "")
         return dataset
 
