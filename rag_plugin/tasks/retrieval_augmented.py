@@ -231,7 +231,6 @@ class RetrievalAugmentedTask(FairseqTask):
         self.records[split] = records
         dataset = self.build_dataset([r.input for r in questions], targets, record_ids=[r.id for r in questions],
                                      gold_rows=self.gold_rows([r.provenance for r in questions]))
-        self._set_max_target(dataset, split)
         dataset.loss_refusal = refusal  # generation reads only the questions; a loss on these targets is refused
         self.datasets[split] = dataset
         logger.info("%s: %d examples from %s", split, len(dataset), path)
@@ -269,17 +268,6 @@ class RetrievalAugmentedTask(FairseqTask):
                                      gold_rows=gold_rows, decoder_start=layout.decoder_start)
         self._set_max_target(dataset, "")
         return dataset
-
-    def _set_max_target(self, dataset, split: str) -> None:
-        """The decoder's length, once a model is built: longer targets are cut to it (</s> kept), with a
-        warning that counts them (fairseq-train loads the valid set before it builds the model)."""
-        dataset.max_target = self.max_target
-        if self.max_target is None or getattr(dataset, "targets", None) is None:
-            return
-        cut = sum(len(t) > self.max_target for t in dataset.targets)  # targets end in </s>
-        if cut:
-            logger.warning("%s%d of %d targets are longer than the decoder's %d positions (--max-target-positions): "
-                           "cut to it", f"{split}: " if split else "", cut, len(dataset.targets), self.max_target)
 
     def _set_max_target(self, dataset, split: str) -> None:
         """The decoder's length, once a model is built: longer targets are cut to it (</s> kept), with a
