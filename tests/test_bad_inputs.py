@@ -518,7 +518,7 @@ def case_table() -> List[Case]:
         Case("train: unknown --arch", t_arch, ["rag_tokn_tiny", "did you mean rag_token_tiny"], ["ckpt"]),
         Case("train: empty question", t_empty_question, ["data/train.jsonl:2:", "empty question"], ["ckpt"]),
         Case("train: CuratedTrec regex answers without derived targets", t_regex_targets,
-             ["data/train.jsonl:2:", "regular-expression answers", "scripts/curatedtrec_targets.py"], ["ckpt"]),
+             ["data/train.jsonl:2:", "regular-expression answers", "rag-curatedtrec-targets"], ["ckpt"]),
         Case("train: resume with another knowledge source", t_other_knowledge,
              ["manifest.json:", "checkpoint's document encoder does not match"],
              unchanged=["ckpt/checkpoint_last.pt"]),

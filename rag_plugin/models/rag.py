@@ -194,6 +194,9 @@ class RagModel(BaseFairseqModel):
         scale = query_encoder_lr_scale(cfg)
         if query_encoder is not None and not cfg.freeze_query_encoder and scale != 1.0:
             scale_learning_rate(query_encoder, scale)
+        if query_encoder is not None and not cfg.freeze_query_encoder and not cfg.query_encoder_lr_scale:
+            logger.info("the query encoder learns at %.3g x --lr (--query-encoder-lr-scale 0: min(1, 3e-5 / --lr))",
+                        scale)
 
     # ------------------------------------------------------------------ construction
     @classmethod

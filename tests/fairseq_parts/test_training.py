@@ -143,7 +143,7 @@ def test_malicious_checkpoint_is_refused(tiny_world, one_epoch, tmp_path):
     torch.save(good, save / "checkpoint_last.pt")
     assert not marker.exists()
 
-    with pytest.raises(UserError, match=r"refers to (os|posix)\.system\); nothing in it was run"):
+    with pytest.raises(UserError, match=r"refers to (os|posix)\.system\); refused to load, nothing in it was run"):
         _load(save / "checkpoint_last.pt")
     assert not marker.exists()
 
@@ -170,6 +170,18 @@ def _prefixed(state, prefix):
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
+def _effective(state, scale):
+    """A query encoder's weights as used: ``X.parametrizations.W.original`` (the lr reparametrisation) x scale."""
+    out = {}
+    for key, value in state.items():
+        if ".parametrizations." in key and key.endswith(".original"):
+            head, rest = key.split(".parametrizations.", 1)
+            out[f"{head}.{rest[: -len('.original')]}"] = value * scale
+        else:
+            out[key] = value
+    return out
+
+
 def test_freeze_query_encoder(tiny_world, background, one_epoch):
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
@@ -186,8 +198,10 @@ def test_freeze_query_encoder(tiny_world, background, one_epoch):
         assert torch.equal(q1[k], v) and torch.equal(q2[k], v), k
     g1, g2 = _prefixed(ep1, "generator."), _prefixed(ep2, "generator.")
     assert any(not torch.equal(g1[k], g2[k]) for k in g1 if g1[k].is_floating_point())
-    # contrast: without the flag, the gradient through p(z|x) does move the query encoder
-    trained = _prefixed(_load(one_epoch["save"] / "checkpoint_last.pt")["model"], "query_encoder.")
+    # contrast: without the flag, the gradient through p(z|x) does move the query encoder (trained at the
+    # default scale, min(1, 3e-5 / --lr) = 0.03 at --lr 1e-3: stored as weight / 0.03 under parametrizations)
+    trained = _effective(_prefixed(_load(one_epoch["save"] / "checkpoint_last.pt")["model"], "query_encoder."), 0.03)
+    assert set(trained) == set(initial)
     assert any(not torch.equal(trained[k], v) for k, v in initial.items() if v.is_floating_point())
 
 
