@@ -30,20 +30,17 @@ hook of :mod:`rag_plugin.fairseq_hooks` is installed.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import torch
 
 from rag_plugin.conversion import hf_bart
 from rag_plugin.conversion.hf_rag_folder import RagFolder, question_tokenizer_files, read_json, read_rag_folder
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text
+from rag_plugin.util.io import atomic_directory, atomic_path, atomic_write_json, atomic_write_text
 
 FORMAT = "rag_plugin.hf_rag_conversion/1"
 #: BART's special ids, which the plugin's dictionary fixes
@@ -65,22 +62,6 @@ def check_output_dir(out_dir: str, overwrite: bool) -> Path:
         raise UserError("output directory exists and is not empty", path=str(out),
                         fix="choose another --out, or add --overwrite")
     return out
-
-
-@contextlib.contextmanager
-def staged_directory(out: Path) -> Iterator[Path]:
-    """A temporary directory beside ``out``, renamed onto it (replacing what is there) when the block
-    completes; removed, leaving ``out`` untouched, when it raises."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------- tokenizer and question encoder
@@ -249,7 +230,7 @@ def convert_hf_rag(hf_dir: str, out_dir: str, input_format: str = "hf", variant:
     """Convert; returns the ``conversion.json`` record (see the module docstring)."""
     out = check_output_dir(out_dir, overwrite)
     source = read_rag_folder(hf_dir, input_format, variant, max_source_positions, log)
-    with staged_directory(out) as folder:
+    with atomic_directory(out) as folder:
         write_generator_tokenizer(folder, source)
         query = write_question_encoder(folder / "question_encoder", source, log)
         _import_fairseq_and_register()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import PathLike, atomic_write_json
+from rag_plugin.util.io import PathLike, atomic_write_json, replace_directory
 
 FORMAT = "rag_plugin.prepared/1"
 SPLITS = ("train", "valid", "test")
@@ -247,17 +247,7 @@ class DatasetWriter:
             "notes": self.notes,
         }
         atomic_write_json(self.tmp / PREPARE_INFO, summary)
-        if self.out.exists():
-            if any(self.out.iterdir()):
-                old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
-                os.replace(self.out, old)
-                os.replace(self.tmp, self.out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                self.out.rmdir()
-                os.replace(self.tmp, self.out)
-        else:
-            os.replace(self.tmp, self.out)
+        replace_directory(self.tmp, self.out)
         self._done = True
         return summary
 

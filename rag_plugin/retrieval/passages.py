@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -21,7 +20,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import READ_ERRORS, atomic_write_json, iter_jsonl, unreadable_file_error
+from rag_plugin.util.io import READ_ERRORS, atomic_directory, atomic_write_json, iter_jsonl, unreadable_file_error
 
 STORE_FORMAT = "rag_plugin.passages/1"
 STRING_FIELDS = ("ids", "titles", "texts")
@@ -338,7 +337,7 @@ class PassageStore:
     def write(directory: str, passages: Iterable[Passage], tokenizer=None,
               source: Optional[dict] = None, batch_size: int = 512,
               progress: bool = True, input_format=None) -> "PassageStore":
-        """Write a store atomically: into ``<directory>.tmp``, then renamed onto ``directory``.
+        """Write a store atomically: into a temporary directory beside it, then put in its place.
 
         ``tokenizer`` (a :class:`~rag_plugin.retrieval.tokenization.GeneratorTokenizer`) pre-
         tokenizes titles and texts; without it the token fields are empty (BM25/dense search
@@ -349,31 +348,24 @@ class PassageStore:
 
         fmt = input_format or InputFormat()
         final = Path(directory)
-        tmp = final.with_name(final.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        writer = _StoreWriter(tmp, tokenizer, fmt)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(desc="passages", unit=" psg", mininterval=1.0)
-        try:
-            for batch in _batched(passages, batch_size):
-                writer.add(batch)
+        with atomic_directory(final) as tmp:
+            writer = _StoreWriter(tmp, tokenizer, fmt)
+            bar = None
+            if progress:
+                from tqdm import tqdm
+                bar = tqdm(desc="passages", unit=" psg", mininterval=1.0)
+            try:
+                for batch in _batched(passages, batch_size):
+                    writer.add(batch)
+                    if bar is not None:
+                        bar.update(len(batch))
+            except BaseException:
+                writer.abandon()
+                raise
+            finally:
                 if bar is not None:
-                    bar.update(len(batch))
-        except BaseException:
-            writer.abandon()
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-        writer.close(source)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+                    bar.close()
+            writer.close(source)
         return PassageStore(str(final))
 
 

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import zlib
 from pathlib import Path
@@ -182,3 +183,35 @@ def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
                 break
             digest.update(block)
     return digest.hexdigest()
+
+
+def replace_directory(tmp: PathLike, out: PathLike) -> None:
+    """Move the finished directory ``tmp`` onto ``out``. An existing ``out`` is first moved aside (and removed
+    after), so at every moment ``out`` is either the old directory or the new one, never a mix."""
+    tmp, out = Path(tmp), Path(out)
+    if out.is_dir() and any(out.iterdir()):
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if out.is_dir():
+        out.rmdir()
+    elif out.exists():
+        out.unlink()
+    os.replace(tmp, out)
+
+
+@contextlib.contextmanager
+def atomic_directory(out: PathLike) -> Iterator[Path]:
+    """A fresh temporary directory beside ``out`` to write into, put in place of ``out`` when the block
+    completes (:func:`replace_directory`); removed, leaving ``out`` untouched, when it raises."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        replace_directory(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
