@@ -78,3 +78,23 @@ def command_line_hooks():
 
     rag_plugin.register()
     assert fairseq_hooks.install()
+
+
+def assert_one_line_error(proc, *needles):
+    """A command line that failed on bad input: exit 2, one ``error: ...`` line on stderr holding every needle."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def build_hashing_knowledge_source(tmp_path, n=300, factory="Flat", **kw):
+    """A knowledge source of ``n`` synthetic passages embedded by :class:`HashingEncoder` (seconds)."""
+    from rag_plugin.build import BuildSettings, build_knowledge_source
+
+    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(n))
+    settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory)
+    return build_knowledge_source(str(tmp_path / "ks"), settings, encoder=HashingEncoder(),
+                                  shard_size=64, progress=False, log=lambda m: None, **kw)

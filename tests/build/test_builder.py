@@ -13,14 +13,11 @@ import pytest
 from rag_plugin.build import BuildSettings, build_knowledge_source
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
-from tests.conftest import ROOT, HashingEncoder, synthetic_passages, write_jsonl
+from tests.conftest import ROOT, HashingEncoder, build_hashing_knowledge_source, synthetic_passages, write_jsonl
 
 
 def _build(tmp_path, n=300, factory="Flat", **kw):
-    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(n))
-    settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory)
-    return build_knowledge_source(str(tmp_path / "ks"), settings, encoder=HashingEncoder(),
-                                  shard_size=64, progress=False, log=lambda m: None, **kw)
+    return build_hashing_knowledge_source(tmp_path, n, factory, **kw)
 
 
 def test_rebuild_same_settings_is_up_to_date_other_settings_refused(tmp_path):

@@ -18,6 +18,7 @@ import pytest
 from rag_plugin.build.import_knowledge import import_knowledge
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
+from tests.conftest import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,13 +44,6 @@ def run_cli(*args):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def assert_one_line_error(proc, *needles):
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def _import(out, tsv, vectors, ids=(), **kw):

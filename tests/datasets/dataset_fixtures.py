@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rag_plugin.data.kilt import read_kilt
 from rag_plugin.datasets.writer import SPLITS
+from tests.conftest import assert_one_line_error  # noqa: F401  (the converter tests take it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,13 +37,6 @@ def run_prepare(dataset, *args):
                           capture_output=True, text=True, cwd=str(REPO), timeout=120)
 
 
-def assert_one_line_error(proc, *needles):
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def assert_nothing_left(parent, out):

@@ -6,18 +6,14 @@ import os
 import numpy as np
 import pytest
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
 from rag_plugin.util.errors import UserError
-from tests.conftest import HashingEncoder, synthetic_passages, write_jsonl
+from tests.conftest import HashingEncoder, build_hashing_knowledge_source
 
 
 def _build(tmp_path, n=300, factory="Flat", **kw):
-    src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(n))
-    settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory)
-    return build_knowledge_source(str(tmp_path / "ks"), settings, encoder=HashingEncoder(),
-                                  shard_size=64, progress=False, log=lambda m: None, **kw)
+    return build_hashing_knowledge_source(tmp_path, n, factory, **kw)
 
 
 def test_build_then_load_and_search_exactly(tmp_path):
