@@ -86,6 +86,7 @@ def test_an_interactive_interpreter_survives_a_user_error_from_the_hub():
     proc = _python("", stdin=script, extra=("-i",))
     assert "alive" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
     assert "UserError: /nonexistent.pt: checkpoint not found" in proc.stderr
+    assert "INFO" not in proc.stderr  # importing fairseq through the hub leaves no log noise (tensorboardX, hydra)
     assert proc.returncode == 0
 
 
