@@ -29,6 +29,18 @@ whole string (boundaries are before a single space that follows a non-space and 
 non-space; where a passage offers none, all of it goes into ``title_ids``). One difference
 remains: text that spells a special token (``<s>``, ``</s>``, ``<pad>``, ``<unk>``, ``<mask>``)
 is that special id for the reference's tokenizer and ordinary BPE pieces here.
+
+Targets (:func:`target_layout`, the task's ``--target-format``): the decoder reads
+``decoder_start + target[:-1]`` and is scored on ``target``.
+
+``plugin`` (the default): the decoder starts with ``</s>`` (fairseq's and BART's decoder start, as
+in generation) and the target is ``answer </s>``, or ``<s> answer </s>`` in the ``hf`` input format
+(transformers' labels as its ``generate`` writes them after ``</s>``).
+
+``hf``: transformers' ``finetune_rag.py`` objective. It passes the BART tokenizer's
+``<s> answer </s>`` as both ``decoder_input_ids`` and ``labels``, and ``RagTokenForGeneration`` /
+``RagSequenceForGeneration.get_nll`` shift the labels one to the left: the decoder starts with
+``<s>`` and the target is ``answer </s>``.
 """
 from __future__ import annotations
 
@@ -36,7 +48,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,6 +59,7 @@ logger = logging.getLogger(__name__)
 _warned = {"question": False}
 
 FORMATS = ("plugin", "hf")
+TARGET_FORMATS = ("plugin", "hf")
 
 
 @dataclass(frozen=True)
@@ -91,12 +104,12 @@ class InputFormat:
         try:
             return cls(**{k: ident[k] for k in ("name", "title_sep", "doc_sep", "prefix") if k in ident})
         except TypeError as err:
-            raise UserError(f"unreadable input format record {ident!r} ({err})")
+            raise UserError(f"unreadable input format record {ident!r} ({err})") from None
 
     @classmethod
     def parse(cls, value: Optional[str]) -> "InputFormat":
         """``plugin``, ``hf`` (the reference's separators) or a JSON file written by
-        ``scripts/convert_hf_rag.py`` (``input_format.json``)."""
+        ``rag-convert-hf`` (``input_format.json``)."""
         if value in (None, "", "plugin"):
             return cls()
         if value == "hf":
@@ -104,11 +117,11 @@ class InputFormat:
         path = Path(value)
         if not path.is_file():
             raise UserError(f"unknown input format {value!r}",
-                            fix="use plugin, hf, or the input_format.json written by convert_hf_rag.py")
+                            fix="use plugin, hf, or the input_format.json written by rag-convert-hf")
         try:
             ident = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as err:
-            raise UserError(f"input format file is not JSON ({err})", path=str(path))
+            raise UserError(f"input format file is not JSON ({err})", path=str(path)) from None
         if not isinstance(ident, dict) or ident.get("name") not in FORMATS:
             raise UserError("not an input format record (needs a 'name': plugin or hf)", path=str(path))
         return cls.from_identity(ident)
@@ -169,6 +182,22 @@ class InputFormat:
 
 
 PLUGIN = InputFormat()
+
+
+class TargetLayout(NamedTuple):
+    """How an answer becomes decoder input and target (see the module docstring)."""
+
+    prefix: List[int]   # tokens before the answer's own in the target
+    decoder_start: int  # the decoder's first input token
+
+
+def target_layout(target_format: str, fmt: InputFormat, bos: int, eos: int) -> TargetLayout:
+    """The targets of ``target_format`` (``plugin`` or ``hf``) for a model of input format ``fmt``."""
+    if target_format == "hf":
+        return TargetLayout([], bos)
+    if target_format != "plugin":
+        raise UserError(f"unknown target format {target_format!r}", fix=f"use one of {', '.join(TARGET_FORMATS)}")
+    return TargetLayout(fmt.target_prefix(bos), eos)
 
 
 def pair_input(question: np.ndarray, title: Optional[np.ndarray], text: Optional[np.ndarray],

@@ -90,8 +90,12 @@ class MarginalNLLCriterion(FairseqCriterion):
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, logits.size(1), logits.size(2))
         target = sample["target"]
         mask = target.ne(self.padding_idx)
-        fn = M.rag_sequence_loss if model.variant == "sequence" else M.rag_token_loss
-        loss, nll = fn(lprobs, doc_lp, target, mask, epsilon=self.eps)
+        if model.variant == "sequence":
+            # --target-format hf: transformers' objective, its label-smoothing term included
+            hf = str(getattr(getattr(self.task, "cfg", None), "target_format", "plugin")) == "hf"
+            loss, nll = M.rag_sequence_loss(lprobs, doc_lp, target, mask, epsilon=self.eps, hf_compat=hf)
+        else:
+            loss, nll = M.rag_token_loss(lprobs, doc_lp, target, mask, epsilon=self.eps)
         return loss, nll, doc_lp
 
     @staticmethod

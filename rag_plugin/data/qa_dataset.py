@@ -2,7 +2,9 @@
 
 Each item holds: the question in the query encoder's tokens (for retrieval), the question
 in the generator's tokens (the start of every generator input) and the target in the
-generator's tokens followed by ``</s>``. Batches are padded to their longest member.
+generator's tokens followed by ``</s>``. Batches are padded to their longest member; the
+decoder's input is the target shifted right behind ``decoder_start`` (``</s>``, fairseq's, by
+default; ``<s>`` for the ``hf`` target format, see :func:`rag_plugin.core.input_format.target_layout`).
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ class RetrievalQADataset(FairseqDataset):
     def __init__(self, query_tokens: Optional[Sequence[Sequence[int]]], src_tokens: Sequence[Sequence[int]],
                  targets: Optional[Sequence[Sequence[int]]], pad: int, eos: int, query_pad: int = 0,
                  fixed_rows: Optional[np.ndarray] = None, fixed_scores: Optional[np.ndarray] = None,
-                 record_ids: Optional[List[str]] = None, gold_rows: Optional[np.ndarray] = None):
+                 record_ids: Optional[List[str]] = None, gold_rows: Optional[np.ndarray] = None,
+                 decoder_start: Optional[int] = None):
         self.query_tokens = [np.asarray(q, dtype=np.int64) for q in query_tokens] if query_tokens is not None else None
         self.src_tokens = [np.asarray(q, dtype=np.int64) for q in src_tokens]
         self.targets = [np.asarray(list(t) + [eos], dtype=np.int64) for t in targets] if targets is not None else None
         self.pad, self.eos, self.query_pad = pad, eos, query_pad
+        self.decoder_start = eos if decoder_start is None else decoder_start  # the decoder's first input token
         self.fixed_rows, self.fixed_scores = fixed_rows, fixed_scores
         self.record_ids = record_ids
         self.gold_rows = gold_rows  # int64 [N, G], -1 padded: gold passages' store rows (for p(gold|x) stats)
@@ -128,8 +132,8 @@ class RetrievalQADataset(FairseqDataset):
         if self.targets is not None:
             target = self._pad([s["target"] for s in samples], self.pad)
             prev = torch.full_like(target, self.pad)
-            prev[:, 0] = self.eos
-            for i, s in enumerate(samples):  # </s> y1 ... yn  (fairseq's shift)
+            prev[:, 0] = self.decoder_start
+            for i, s in enumerate(samples):  # </s> y1 ... yn  (fairseq's shift; <s> y1 ... yn for hf targets)
                 prev[i, 1: len(s["target"])] = torch.from_numpy(s["target"][:-1])
             net_input["prev_output_tokens"] = prev
             batch["target"] = target

@@ -56,6 +56,7 @@ def install() -> bool:
     from rag_plugin.fairseq_hooks.excepthook import install_excepthook
     from rag_plugin.fairseq_hooks.generate_output import install_generate_output
     from rag_plugin.fairseq_hooks.noise import quiet_dependency_noise
+    from rag_plugin.fairseq_hooks.threads import choose_threads
     from rag_plugin.fairseq_hooks.usage_errors import install_fairseq_usage_errors, install_full_help
 
     quiet_dependency_noise()
@@ -66,5 +67,6 @@ def install() -> bool:
     install_fairseq_usage_errors()
     install_full_help()
     install_generate_output()
+    choose_threads()
     _installed = True
     return True

@@ -140,9 +140,7 @@ def load_generator_weights(generator, path: str, dictionary) -> None:
     mine = generator.state_dict()
     bad = [k for k, v in weights.items() if k in mine and mine[k].shape != v.shape]
     if bad:
-        raise UserError(f"generator checkpoint sizes differ from --arch (e.g. {bad[0]}: "
-                        f"{tuple(weights[bad[0]].shape)} vs {tuple(mine[bad[0]].shape)})", path=str(p),
-                        fix="pick the *_base arch for bart.base and *_large for bart.large")
+        raise _size_mismatch(weights, mine, bad, p)
     # torch's own loader: BART's upgrade hook reads a task name a bare generator does not have
     missing, unexpected = torch.nn.Module.load_state_dict(generator, weights, strict=False)
     missing = [k for k in missing if not k.endswith("version") and "output_projection" not in k]
@@ -150,6 +148,30 @@ def load_generator_weights(generator, path: str, dictionary) -> None:
         raise UserError(f"generator checkpoint lacks {len(missing)} weights (e.g. {missing[0]})",
                         path=str(p), fix="pass a complete fairseq BART model.pt")
     logger.info("generator initialised from %s (%d tensors)", p, len(weights))
+
+
+#: learned position tables hold max positions + padding_idx + 1 rows (fairseq's LearnedPositionalEmbedding)
+_POSITION_TABLES = {"encoder.embed_positions.weight": "--max-source-positions",
+                    "decoder.embed_positions.weight": "--max-target-positions"}
+
+
+def _size_mismatch(weights, mine, bad, path) -> UserError:
+    """The error for a checkpoint whose tensors have other sizes than the generator --arch builds, naming
+    the options that fix it: the position sizes (read from the checkpoint's tables), or the model size."""
+    example = (f"e.g. {bad[0]}: {tuple(weights[bad[0]].shape)} in the checkpoint vs {tuple(mine[bad[0]].shape)} "
+               "for --arch")
+    if set(bad) <= set(_POSITION_TABLES):  # only the position tables: the checkpoint was made for other lengths
+        pad = 1  # fairseq's dictionaries put <pad> at 1: positions start at pad + 1
+        options = " ".join(f"{_POSITION_TABLES[k]} {weights[k].shape[0] - pad - 1}" for k in _POSITION_TABLES
+                           if k in weights)
+        return UserError(f"the generator checkpoint was trained with other input/output lengths ({example})",
+                         path=str(path), fix=f"pass {options} (the checkpoint's lengths)")
+    dim = weights["encoder.embed_tokens.weight"].shape[1]
+    layers = len({k.split(".")[2] for k in weights if k.startswith("encoder.layers.")})
+    return UserError(f"the generator checkpoint is another model size than --arch builds ({example})",
+                     path=str(path), fix=f"use the arch (or --generator-embed-dim/--generator-layers/...) of the "
+                                         f"checkpoint: d={dim}, {layers} encoder layers (bart.base: rag_*_base, "
+                                         f"bart.large: rag_*_large)")
 
 
 def count_parameters(module: torch.nn.Module, trainable_only: bool = True) -> int:

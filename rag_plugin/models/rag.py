@@ -349,7 +349,27 @@ class RagModel(BaseFairseqModel):
             raise UserError("the checkpoint has no query encoder (it was trained closed book or with BM25), "
                             "this run retrieves with a dense one",
                             fix="run with --n-docs 0 or --retriever bm25, as it was trained")
-        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+        return torch.nn.Module.load_state_dict(self, self._into_scaled_parameters(state_dict), strict=strict)
+
+    def _into_scaled_parameters(self, state_dict):
+        """A checkpoint saved without the query encoder's learning-rate reparametrisation (a converted model,
+        one trained at scale 1) loaded into a model that has it (``--finetune-from-model`` at another --lr):
+        each plain ``...weight`` becomes ``...parametrizations.weight.original`` = weight / scale."""
+        ours = self.state_dict()
+        marker = ".parametrizations."
+        moved = {}
+        for key in ours:
+            if marker not in key or not key.endswith(".original") or key in state_dict:
+                continue
+            head, rest = key.split(marker, 1)
+            plain = f"{head}.{rest[: -len('.original')]}"
+            if plain in state_dict:
+                moved[plain] = (key, state_dict[plain] / query_encoder_lr_scale(self.cfg))
+        if not moved:
+            return state_dict
+        state_dict = {k: v for k, v in state_dict.items() if k not in moved}
+        state_dict.update(dict(moved.values()))
+        return state_dict
 
 
 @register_model("rag_token", dataclass=RagConfig)

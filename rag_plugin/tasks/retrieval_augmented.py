@@ -24,6 +24,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from rag_plugin.core.input_format import target_layout
 from rag_plugin.criterions.retrieval_health import CollapseMonitor
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
@@ -42,7 +43,9 @@ class RetrievalAugmentedConfig(FairseqDataclass):
     knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
                                                          "at generation time another one with the same document "
                                                          "encoder may be swapped in"})
-    n_docs: int = field(default=5, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART"})
+    n_docs: Optional[int] = field(
+        default=None, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART. Default: 5 in "
+                                        "training; at generation (--path) the K the checkpoint was trained with"})
     retriever: ChoiceEnum(["dense", "bm25"]) = field(
         default="dense", metadata={"help": "dense (trainable query encoder, MIPS) or bm25 (fixed; BM25 scores as "
                                            "logits of p(z|x), the paper's ablation)"})
@@ -57,12 +60,52 @@ class RetrievalAugmentedConfig(FairseqDataclass):
     doc_posterior_out: Optional[str] = field(
         default=None, metadata={"help": "generation, rag_token: write each answer's per-token document posterior "
                                         "as JSON lines (plot with rag-plot-posterior)"})
+    progress_interval: float = field(
+        default=30.0, metadata={"help": "generation: log the questions answered, seconds per question and time left "
+                                        "every this many seconds (0: after every batch; -1: never)"})
     train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
                                                                       "(default: the first answer only)"})
+    target_format: ChoiceEnum(["plugin", "hf"]) = field(
+        default="plugin", metadata={"help": "plugin: the decoder starts with </s> (as in generation); hf: with <s>, "
+                                            "scoring 'answer </s>' (transformers' finetune_rag objective, to fine-tune "
+                                            "a converted model on it; see rag_plugin/core/input_format.py)"})
     seed: int = II("common.seed")
     quiet: bool = II("common_eval.quiet")
     post_process: Optional[str] = II("common_eval.post_process")
     gen_subset: str = II("dataset.gen_subset")
+    checkpoint_path: Optional[str] = II("common_eval.path")
+
+
+#: K when neither --n-docs nor a checkpoint says
+DEFAULT_N_DOCS = 5
+
+
+def interpolated(cfg, name: str, default=None):
+    """An option a task config takes from fairseq's by interpolation (``${common_eval.quiet}``, ...); ``default``
+    where there is none to take (a config built without fairseq's around it)."""
+    try:
+        value = getattr(cfg, name, default)
+    except Exception:  # omegaconf: the interpolation's target is not in this config
+        return default
+    return default if isinstance(value, str) and value.startswith("${") else value
+
+
+def trained_n_docs(cfg) -> int:
+    """K for a run that did not give --n-docs: the checkpoint's (fairseq-generate/-interactive/-validate with
+    --path: a closed-book checkpoint generates closed book), else :data:`DEFAULT_N_DOCS`."""
+    path = interpolated(cfg, "checkpoint_path")
+    if not path:
+        return DEFAULT_N_DOCS
+    from rag_plugin.util.safe_load import checkpoint_types_allowed
+
+    try:
+        with checkpoint_types_allowed():  # the tensors stay on disk (mmap): only the config is read
+            state = torch.load(str(path).split(":")[0], map_location="cpu", weights_only=True, mmap=True)
+        k = int(state["cfg"]["task"]["n_docs"])
+    except Exception:  # unreadable: fairseq's loader reports it in one line when it loads the model
+        return DEFAULT_N_DOCS
+    logger.info("--n-docs %d: as the checkpoint was trained (pass --n-docs to change it)", k)
+    return k
 
 
 @register_task("retrieval_augmented", dataclass=RetrievalAugmentedConfig)
@@ -87,6 +130,7 @@ class RetrievalAugmentedTask(FairseqTask):
         # fairseq-interactive: the ids it prints for the batches to come (see build_dataset_for_inference)
         self._interactive = {"next_id": 0, "dataset": None, "batches": deque()}
         self.collapse = CollapseMonitor()  # warns when retrieval collapses in training
+        self._generation_progress = None
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -96,6 +140,8 @@ class RetrievalAugmentedTask(FairseqTask):
         if not cfg.knowledge:
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
+        if cfg.n_docs is None:
+            cfg.n_docs = trained_n_docs(cfg)
         if cfg.n_docs < 0:
             raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}",
                             fix="use --n-docs 0 (closed book) up to the number of passages")
@@ -115,13 +161,8 @@ class RetrievalAugmentedTask(FairseqTask):
         return cls(cfg, knowledge, dictionary, tokenizer, text_encoder)
 
     def fairseq_option(self, name: str, default=None):
-        """An option this task's config takes from fairseq's (``quiet``, ``post_process``, ``gen_subset``) by
-        interpolation; ``default`` where there is none to take (a config built without fairseq's around it)."""
-        try:
-            value = getattr(self.cfg, name, default)
-        except Exception:  # omegaconf: the interpolation's target is not in this config
-            return default
-        return default if isinstance(value, str) and value.startswith("${") else value
+        """An option this task's config takes from fairseq's (``quiet``, ``post_process``, ``gen_subset``)."""
+        return interpolated(self.cfg, name, default)
 
     @property
     def source_dictionary(self):
@@ -190,7 +231,6 @@ class RetrievalAugmentedTask(FairseqTask):
         self.records[split] = records
         dataset = self.build_dataset([r.input for r in questions], targets, record_ids=[r.id for r in questions],
                                      gold_rows=self.gold_rows([r.provenance for r in questions]))
-        self._set_max_target(dataset, split)
         dataset.loss_refusal = refusal  # generation reads only the questions; a loss on these targets is refused
         self.datasets[split] = dataset
         logger.info("%s: %d examples from %s", split, len(dataset), path)
@@ -215,29 +255,19 @@ class RetrievalAugmentedTask(FairseqTask):
             decoded = [self.text_encoder.tokenizer.decode(ids, skip_special_tokens=True) for ids in q_enc]
         q_gen = self.tokenizer.encode_batch([fmt.question_string(q, d) for q, d in zip(questions, decoded)])
         tgt = None
+        layout = target_layout(str(getattr(self.cfg, "target_format", "plugin")), fmt, self.dictionary.bos(),
+                               self.dictionary.eos())
         if targets is not None:
-            prefix = fmt.target_prefix(self.dictionary.bos())
-            tgt = [prefix + t for t in self.tokenizer.encode_batch(targets)]
+            tgt = [layout.prefix + t for t in self.tokenizer.encode_batch(targets)]
         fixed_rows = fixed_scores = None
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
             found = self.bm25.search(questions, self.cfg.n_docs)
             fixed_rows, fixed_scores = found.rows, found.scores
         dataset = RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
                                      fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
-                                     gold_rows=gold_rows)
+                                     gold_rows=gold_rows, decoder_start=layout.decoder_start)
         self._set_max_target(dataset, "")
         return dataset
-
-    def _set_max_target(self, dataset, split: str) -> None:
-        """The decoder's length, once a model is built: longer targets are cut to it (</s> kept), with a
-        warning that counts them (fairseq-train loads the valid set before it builds the model)."""
-        dataset.max_target = self.max_target
-        if self.max_target is None or getattr(dataset, "targets", None) is None:
-            return
-        cut = sum(len(t) > self.max_target for t in dataset.targets)  # targets end in </s>
-        if cut:
-            logger.warning("%s%d of %d targets are longer than the decoder's %d positions (--max-target-positions): "
-                           "cut to it", f"{split}: " if split else "", cut, len(dataset.targets), self.max_target)
 
     def _set_max_target(self, dataset, split: str) -> None:
         """The decoder's length, once a model is built: longer targets are cut to it (</s> kept), with a
@@ -342,7 +372,23 @@ class RetrievalAugmentedTask(FairseqTask):
         rows, doc_lp = retrieval_of(hypos)
         if doc_lp is not None:
             self._write_provenance(models[0], generator, sample, hypos, rows, doc_lp)
+        self._progress().update(len(hypos))
         return hypos
+
+    def _progress(self):
+        if self._generation_progress is None:
+            from rag_plugin.generation.progress import GenerationProgress
+
+            self._generation_progress = GenerationProgress(self.cfg.progress_interval, self._generation_size())
+        return self._generation_progress
+
+    def _generation_size(self) -> Optional[int]:
+        """How many questions this run generates for: fairseq-generate's --gen-subset, else the one split
+        loaded; None (fairseq-interactive, the hub) when unknown."""
+        name = self.fairseq_option("gen_subset")
+        subset = self.datasets.get(name) if name else (next(iter(self.datasets.values())) if len(self.datasets) == 1
+                                                      else None)
+        return len(subset) if subset is not None else None
 
     def _write_provenance(self, model, generator, sample, hypos, rows, doc_lp) -> None:
         """Z lines into fairseq's output (none with --quiet); --provenance-out / --doc-posterior-out files."""
@@ -353,10 +399,7 @@ class RetrievalAugmentedTask(FairseqTask):
         lines = [] if self.fairseq_option("quiet", False) else provenance.z_lines(ids, rows, doc_lp, store)
         if lines:
             (self.output_stream or sys.stdout).write("\n".join(lines) + "\n")
-        name = self.fairseq_option("gen_subset")  # fairseq-generate: every sample of --gen-subset; else the one split
-        subset = self.datasets.get(name) if name else (next(iter(self.datasets.values())) if len(self.datasets) == 1
-                                                      else None)
-        expected = len(subset) if subset is not None else None
+        expected = self._generation_size()
         if self.cfg.provenance_out:
             self._jsonl(self.cfg.provenance_out, expected).write(
                 provenance.provenance_records(ids, rows, doc_lp, store))

@@ -46,8 +46,19 @@ WORDS = ("what is the capital of who wrote how long river was king where an isla
          "tonesu mirato garipo delo lomira vista sune").split()
 
 
+def datasets_installed() -> bool:
+    """Whether Hugging Face's `datasets` is installed. Without it, tests/datasets (a namespace folder while
+    pytest has tests/ on sys.path) would import under its name."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("datasets")
+    return spec is not None and spec.origin is not None
+
+
 def transformers():
     sys.modules.setdefault("torchaudio", None)  # the installed torchaudio does not load against this torch
+    if not datasets_installed():  # else transformers takes tests/datasets for it and its RagRetriever fails to import
+        sys.modules["datasets"] = None
     import pytest
 
     return pytest.importorskip("transformers")
@@ -156,10 +167,7 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
     forms = {}
     columns = {"title": TITLES, "text": TEXTS, "embeddings": [v.tolist() for v in vectors]}
     try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("datasets")
-        if spec is None or spec.origin is None:  # not installed (tests/datasets is a namespace folder, not it)
+        if not datasets_installed():
             raise ImportError("datasets")
         import datasets
 
@@ -207,7 +215,7 @@ def write_knowledge_dataset(folder: Path, vectors: np.ndarray) -> dict:
     with open(folder / "psgs.tsv", "w", encoding="utf-8", newline="") as fh:
         out = csv.writer(fh, delimiter="\t", lineterminator="\n")
         out.writerow(["id", "text", "title"])
-        for i, (t, x) in enumerate(zip(TITLES, TEXTS)):
+        for i, (t, x) in enumerate(zip(TITLES, TEXTS, strict=True)):
             fh.write(f'{i}\t"{x.replace(chr(34), chr(34) * 2)}"\t')
             out.writerow([t])
     np.save(folder / "psgs.npy", vectors)

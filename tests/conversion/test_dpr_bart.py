@@ -108,7 +108,7 @@ def test_dpr_and_fairseq_bart_initialise_a_rag_model(dpr, tiny_world, tmp_path):
     # a knowledge source whose passages were embedded by the DPR context encoder (from the checkpoint)
     passages = tmp_path / "passages.jsonl"
     passages.write_text("".join(f'{{"id": "p{i}", "title": "{t}", "text": "{x}"}}\n'
-                                for i, (t, x) in enumerate(zip(TITLES, TEXTS))))
+                                for i, (t, x) in enumerate(zip(TITLES, TEXTS, strict=True))))
     settings = BuildSettings(passages=str(passages), encoder=dpr["spec"], dict=str(tiny_world["root"] / "dict.txt"),
                              bpe_model=str(tiny_world["root"] / "spm.model"))
     ks = build_knowledge_source(str(tmp_path / "ks"), settings, progress=False, log=lambda m: None)

@@ -2,10 +2,13 @@
 
 Small random RagTokenForGeneration / RagSequenceForGeneration models with transformers' own
 retriever code over a custom index (tests/conversion/hf_world.py) are saved, converted with
-scripts' code (convert_hf_rag), their knowledge dataset imported (import_hf_knowledge), and
-the plugin model loaded the way fairseq-generate loads it. Then, per example: question
-vectors, retrieved documents and document scores, the generator's inputs, the marginal NLL
-(1e-4 relative) and greedy RAG-Token answers must equal the reference's.
+rag-convert-hf's code (convert_hf_rag), their knowledge dataset imported (rag-import-knowledge's),
+and the plugin model loaded the way fairseq-generate loads it (tests/conversion/conftest.py). Then,
+per example: question vectors, retrieved documents and document scores, the generator's inputs,
+the marginal NLL (1e-4 relative) and greedy RAG-Token answers must equal the reference's. The NLL
+is that of the default target format: ``<s> answer </s>`` after the decoder start ``</s>``, i.e.
+transformers' loss for ``labels = </s> <s> answer </s>`` (the sequence its ``generate`` writes);
+the ``hf`` target format (finetune_rag's labels) is tested in test_target_format.py.
 """
 import json
 import subprocess
@@ -31,46 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 MAX_LEN = 8  # greedy answers: at most 8 tokens (+ </s>)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return hf_world.build(tmp_path_factory.mktemp("hf_rag"))
-
-
-def _import_kwargs(world):
-    forms = world["dataset"]
-    if "save_to_disk" in forms:
-        return dict(dataset=str(forms["save_to_disk"]), faiss_index=str(forms["faiss_index"]))
-    tsv, npy, ids = forms["tsv"]
-    return dict(passages=str(tsv), vectors=[str(npy)], ids=[str(ids)])
-
-
-@pytest.fixture(scope="module")
-def converted(world):
-    from rag_plugin.build.hf_knowledge import import_hf_knowledge
-    from rag_plugin.conversion.hf_rag import convert_hf_rag
-
-    out = {}
-    for variant in ("token", "sequence"):
-        ckpt_dir = world["root"] / f"plugin-{variant}"
-        convert_hf_rag(str(world[variant]["dir"]), str(ckpt_dir), log=lambda m: None)
-        ks = world["root"] / f"ks-{variant}"
-        import_hf_knowledge(str(ks), rag_checkpoint=str(ckpt_dir), progress=False, log=lambda m: None,
-                            **_import_kwargs(world))
-        out[variant] = {"dir": ckpt_dir, "ks": ks, "checkpoint": ckpt_dir / "checkpoint.pt"}
-    return out
-
-
-def _load(converted, variant):
-    """The model and task, loaded by fairseq's own checkpoint loader (as fairseq-generate does)."""
-    from fairseq import checkpoint_utils
-
-    c = converted[variant]
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(c["checkpoint"])], arg_overrides={"knowledge": str(c["ks"]), "n_docs": hf_world.N_DOCS})
-    return models[0].eval(), task
-
-
 def _reference(world, variant):
+    """transformers' per-example loss for labels ``</s> <s> answer </s>`` (also its decoder input)."""
     model = world[variant]["model"]
     q = world["q_tok"](hf_world.QUESTIONS, padding=True, return_tensors="pt")
     g_tok = world["g_tok"]
@@ -97,8 +62,8 @@ def _ours(model, task):
     return sample, q, extra, src, lengths, loss
 
 
-def _check_against_reference(world, converted, variant):
-    model, task = _load(converted, variant)
+def _check_against_reference(world, load_converted, variant):
+    model, task = load_converted(variant)
     assert model.variant == variant and task.input_format.name == "hf"
     q_ref, labels, ref = _reference(world, variant)
     sample, q, extra, src, lengths, loss = _ours(model, task)
@@ -134,8 +99,8 @@ def _check_against_reference(world, converted, variant):
     return model, task, sample
 
 
-def test_rag_token_equals_reference(world, converted):
-    model, task, sample = _check_against_reference(world, converted, "token")
+def test_rag_token_equals_reference(world, load_converted):
+    model, task, sample = _check_against_reference(world, load_converted, "token")
     from fairseq.dataclass.configs import GenerationConfig
 
     gen = task.build_generator([model], GenerationConfig(beam=1, max_len_a=0, max_len_b=MAX_LEN, min_len=1))
@@ -150,8 +115,8 @@ def test_rag_token_equals_reference(world, converted):
         assert hypos[i][0]["tokens"].tolist() == want, (i, hypos[i][0]["tokens"].tolist(), want)
 
 
-def test_rag_sequence_equals_reference(world, converted):
-    _, task, _ = _check_against_reference(world, converted, "sequence")
+def test_rag_sequence_equals_reference(world, converted, load_converted):
+    _, task, _ = _check_against_reference(world, load_converted, "sequence")
     # the same model rebuilt for training from the converted parts (--generator-checkpoint takes the
     # checkpoint's generator, --query-encoder its question encoder): the same per-example NLL
     from rag_plugin.conversion.hf_rag import read_conversion
@@ -175,8 +140,9 @@ def test_fairseq_generate_reproduces_reference_answers(world, converted, tmp_pat
 
     data = tmp_path / "data"
     data.mkdir()
+    pairs = enumerate(zip(hf_world.QUESTIONS, hf_world.ANSWERS, strict=True))
     (data / "test.jsonl").write_text("".join(json.dumps({"id": str(i), "input": q, "output": [{"answer": a}]}) + "\n"
-                                             for i, (q, a) in enumerate(zip(hf_world.QUESTIONS, hf_world.ANSWERS))))
+                                             for i, (q, a) in pairs))
     c = converted["token"]
     cmd = [str(Path(sys.executable).parent / "fairseq-generate"), str(data), "--user-dir", str(REPO / "rag_plugin"),
            "--task", "retrieval_augmented", "--knowledge", str(c["ks"]), "--path", str(c["checkpoint"]),
@@ -221,7 +187,7 @@ def test_generator_tokenizer_and_hf_input_format_are_exact(world, converted):
     titles = hf_world.TITLES + ['"', '""', "  ", "a ", " lead", "x\ty"]
     texts = hf_world.TEXTS + ["", " ", "  two", "end  ", "tab\there", "ü ñ 中文 ☃"]
     split = 0
-    for title, text in zip(titles, texts):
+    for title, text in zip(titles, texts, strict=True):
         for question in ("what is the capital of kalomi?", "", "x"):
             whole = ((title.removeprefix('"').removesuffix('"')) + " / " + text + " // " + question).replace("  ", " ")
             want = g_tok(whole, add_special_tokens=False)["input_ids"]
@@ -274,6 +240,8 @@ def test_converted_directory_and_errors(world, converted, tiny_world, tmp_path):
         (broken("notok", lambda f: subprocess.run(["rm", "-r", str(f / "generator_tokenizer")], check=True)),
          "generator tokenizer not found"),
         (broken("noweights", lambda f: (f / "model.safetensors").unlink()), "no model.safetensors"),
+        (broken("noqtok", lambda f: subprocess.run(["rm", "-r", str(f / "question_encoder_tokenizer")], check=True)),
+         "question encoder tokenizer not found"),
     ]
     for folder, fragment in cases:
         out = tmp_path / f"out-{folder.name}"
@@ -284,7 +252,9 @@ def test_converted_directory_and_errors(world, converted, tiny_world, tmp_path):
     # a model of the hf format against a knowledge source pre-tokenized for the plugin format
     from fairseq import checkpoint_utils
 
-    with pytest.raises(UserError, match="reads the hf input format") as err:
+    from rag_plugin.util.safe_load import checkpoint_types_allowed
+
+    with pytest.raises(UserError, match="reads the hf input format") as err, checkpoint_types_allowed():
         checkpoint_utils.load_model_ensemble_and_task([str(converted["token"]["checkpoint"])],
                                                       arg_overrides={"knowledge": str(tiny_world["ks"])})
     assert "--input-format hf" in str(err.value)

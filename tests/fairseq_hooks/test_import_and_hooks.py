@@ -123,3 +123,20 @@ def test_rag_train_runs_anywhere_and_refuses_a_wrong_user_dir(tiny_world, tmp_pa
     assert len(lines) == 1 and lines[0].startswith("error: --user-dir rag_plugin is not a folder"), wrong.stderr
     where = subprocess.run([str(BIN / "rag-user-dir")], capture_output=True, text=True, timeout=60)
     assert Path(where.stdout.strip()) == (ROOT / "rag_plugin").resolve()
+
+
+def test_threads_per_process():
+    from rag_plugin.fairseq_hooks.threads import threads_per_process
+
+    assert threads_per_process(2, 1) == 2 and threads_per_process(8, 4) == 2 and threads_per_process(2, 4) == 1
+
+
+def test_fairseq_commands_log_their_threads(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run([str(BIN / "fairseq-train"), "--user-dir", str(ROOT / "rag_plugin"), "--task",
+                           "retrieval_augmented", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=dict(env, LOCAL_WORLD_SIZE="2"))
+    assert proc.returncode == 0
+    cores = len(os.sched_getaffinity(0))
+    log = proc.stdout + proc.stderr  # fairseq-train logs to stdout
+    assert f"torch threads: {max(1, cores // 2)} per process ({cores} cores, 2 process(es) on this node" in log

@@ -347,3 +347,24 @@ def test_gold_ids_missing_from_the_knowledge_source_are_reported(tiny_world, cap
     with caplog.at_level(logging.WARNING):
         rows = task.gold_rows([[store.id(3)], ["wiki1"], []])
     assert rows[:, 0].tolist() == [3, -1, -1] and "1 of 2 records" in caplog.text
+
+
+def test_unscaled_checkpoint_loads_into_a_scaled_query_encoder(tiny_world):
+    """A checkpoint without the learning-rate reparametrisation (a converted model, or one trained at scale 1)
+    fine-tuned at another scale: every query-encoder weight arrives as itself (stored = weight / scale)."""
+    task = _task(tiny_world, n_docs=3)
+    torch.manual_seed(0)
+    plain = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=1.0), task)
+    torch.manual_seed(1)
+    scaled = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=0.03),
+                                       task)
+    scaled.load_state_dict(plain.state_dict())
+    ours = {n: p for n, p in plain.query_encoder.named_parameters()}
+    for name, module in scaled.query_encoder.named_modules():
+        for pname in getattr(module, "parametrizations", {}):
+            key = f"{name}.{pname}" if name else pname
+            assert torch.allclose(getattr(module, pname), ours[key], atol=1e-7), key
+    sample = _batch(task)
+    plain.eval(), scaled.eval()
+    with torch.no_grad():
+        assert torch.allclose(plain(**sample["net_input"])[0], scaled(**sample["net_input"])[0], atol=1e-5)
