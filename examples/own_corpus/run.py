@@ -45,7 +45,7 @@ DECODING = {"closed_book": ["--beam", "1"], "rag_token": ["--beam", "1"],
             "rag_seq": ["--beam", "4", "--rag-decoding", "thorough"]}
 GENERATE_OPTIONS = ["--batch-size", "32", "--max-len-b", "24", "--num-workers", "0"]
 ANSWER_METRICS = "em,f1"
-RETRIEVAL_METRICS = "rprec,recall@5"
+RETRIEVAL_METRICS = "rprec,recall@5"  # of the retriever before training (rag-search): five passages each
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--pretrain-updates", type=int, default=300, help="denoising updates (default: %(default)s)")
     ap.add_argument("--pseudo-updates", type=int, default=300, help="pseudo-question updates (default: %(default)s)")
     ap.add_argument("--updates", type=int, default=150, help="updates per system (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=32, help="training batch size (default: %(default)s)")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 3, 5], help="K tried on valid (default: %(default)s)")
     ap.add_argument("--generator-checkpoint", default=None,
                     help="start from this pretrained generator instead of rag-pretrain (needs --vocab-from)")
@@ -118,9 +119,10 @@ class Journey:
         if self.args.generator_checkpoint:
             return Path(self.args.generator_checkpoint)
         out = self.work / "pretrain"
+        batch = ["--batch-size", self.args.batch_size] if self.args.batch_size != TinyRecipe.batch_size else []
         self.step("3. a generator pretrained on your passages", False,
                   lambda: self.run("rag-pretrain", "--knowledge", self.ks, "--out", out, "--updates",
-                                   self.args.pretrain_updates, "--pseudo-updates", self.args.pseudo_updates))
+                                   self.args.pretrain_updates, "--pseudo-updates", self.args.pseudo_updates, *batch))
         return out / "generator.pt"
 
     # ------------------------------------------------------------------ training and K
@@ -128,15 +130,17 @@ class Journey:
         """One system from the pretrained generator; a retrained system's later outputs are redone."""
         arch, n_docs = SYSTEMS[name]
         save = self.work / "checkpoints" / name
-        settings = {"updates": self.args.updates, "arch": arch, "n_docs": n_docs, "generator": str(generator),
+        settings = {"updates": self.args.updates, "batch_size": self.args.batch_size, "arch": arch, "n_docs": n_docs,
+                    "generator": str(generator),
                     "generator_mtime_ns": generator.stat().st_mtime_ns}
 
         def body():
             markers.prepare(save, settings)
             for stale in (self.work / f"k_{name}.json", self.test_output(name)):
                 stale.unlink(missing_ok=True)
-            self.run("rag-train", *TinyRecipe().train_args(self.data, self.ks, save, self.args.updates, arch=arch,
-                                                           n_docs=n_docs, generator_checkpoint=generator),
+            recipe = TinyRecipe(batch_size=self.args.batch_size)
+            self.run("rag-train", *recipe.train_args(self.data, self.ks, save, self.args.updates, arch=arch,
+                                                     n_docs=n_docs, generator_checkpoint=generator),
                      log=f"train_{name}", progress=commands.condensed)
             markers.mark_finished(save, settings)
 
@@ -167,7 +171,7 @@ class Journey:
             with atomic_path(out) as tmp:
                 self.run("rag-generate", self.data, "--task", "retrieval_augmented", "--knowledge", self.ks,
                          "--path", checkpoint, "--gen-subset", "test", *n_docs, *DECODING[name], *GENERATE_OPTIONS,
-                         log=f"test_{name}", stdout=tmp)
+                         log=f"test_{name}", stdout=tmp, progress=commands.generation_progress)
 
         self.step(f"6. test answers of {name}" + (f" (K={k})" if k else ""), out.is_file(), body)
         return out
@@ -188,14 +192,19 @@ class Journey:
         self.summary["retrieval_before_training"] = json.loads(scores.read_text())
 
     def leaderboard(self, outputs: Dict[str, Path]) -> None:
+        """rag-evaluate on RAG-Token's answers (answer_in_top<K>: a gold answer in the title or text of one
+        of the K passages it read), then every system in one table. The leaderboard's retrieval column is
+        R-precision (here: the trained query encoder's first passage is the gold one): recall@5 needs five
+        passages, and a model that reads K < 5 lists only K."""
         gold = self.data / "test.jsonl"
+        k = self.summary["k"]["rag_token"]
 
         def body():
             self.run("rag-evaluate", "--gold", gold, "--guess", outputs["rag_token"], "--metrics",
-                     f"{ANSWER_METRICS},{RETRIEVAL_METRICS},answer_in_top5", "--passages", self.ks)
+                     f"{ANSWER_METRICS},rprec,answer_in_top{k}", "--passages", self.ks)
             systems = [a for name, path in outputs.items() for a in ("--system", f"{name}={path}")]
-            self.run("rag-leaderboard", "--gold", gold, "--metrics", f"{ANSWER_METRICS},{RETRIEVAL_METRICS}",
-                     *systems, "--json-out", self.work / "leaderboard.json", "--md-out", self.work / "leaderboard.md")
+            self.run("rag-leaderboard", "--gold", gold, "--metrics", f"{ANSWER_METRICS},rprec", *systems,
+                     "--json-out", self.work / "leaderboard.json", "--md-out", self.work / "leaderboard.md")
 
         self.step("6. the answers scored, and the leaderboard", False, body)
 

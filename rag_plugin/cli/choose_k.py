@@ -89,7 +89,7 @@ def generate(args, k: int, out_dir: Path, extra: Sequence[str]) -> Path:
         "--gen-subset", args.subset, "--n-docs", k, "--beam", args.beam, "--batch-size", args.batch_size, *extra])
     with atomic_path(out) as tmp:  # a generation that breaks off leaves no file that looks complete
         commands.run(command, log_file=out.with_suffix(".log"), stdout_file=tmp,
-                     progress=lambda line: line.strip() if "WARNING" in line else None,
+                     progress=commands.generation_progress,
                      echo=lambda m: print(m, flush=True))
     return out
 

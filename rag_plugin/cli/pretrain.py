@@ -133,7 +133,7 @@ def publish(checkpoint: Path, out: Path) -> Path:
     try:
         os.link(checkpoint, tmp)
     except OSError:
-        shutil.copyfile(checkpoint, tmp)
+        shutil.copy2(checkpoint, tmp)  # keeps the modification time, which RAG runs started from it record
     os.replace(tmp, target)
     return target
 

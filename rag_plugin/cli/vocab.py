@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         raise UserError("--out is a file, not a directory", path=str(out), fix="name a directory")
     lines = training_text(args.passages, args.questions)
     print(f"training SentencePiece ({args.model_type}, {args.size} pieces, byte fallback) on {len(lines)} lines",
-          file=sys.stderr, flush=True)
+          flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vocab.json").unlink(missing_ok=True)  # written last: its presence means the rest is complete
     symbols = train(lines, out, args)

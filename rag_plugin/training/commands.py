@@ -51,8 +51,18 @@ def condensed(line: str) -> Optional[str]:
         return line.strip()
     values = dict(re.findall(r"(\w+)[=\s](-?[\d.]+(?:e-?\d+)?)(?=[,|\s]|$)", line))
     kind = "valid" if "valid" in line.split("train_inner")[0] else "train"
+    if values.get("doc_entropy", "0") == "0":  # closed book (or one document): no retrieval health to show
+        values.pop("top1_share", None)
     shown = [f"{k.replace('num_updates', 'updates')} {values[k]}" for k in SHOWN_VALUES if k in values]
     return f"[{kind}] " + ", ".join(shown) if shown else None
+
+
+def generation_progress(line: str) -> Optional[str]:
+    """rag-generate's progress lines (``generated 64/90 questions (...)``) and warnings, or None."""
+    if "WARNING" in line:
+        return line.strip()
+    found = re.search(r"generated \d+(/\d+)? questions.*", line)
+    return found.group(0).strip() if found else None
 
 
 def last_error_line(log_file: Optional[Path]) -> Optional[str]:
