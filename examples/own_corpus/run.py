@@ -41,9 +41,10 @@ HERE = Path(__file__).resolve().parent
 #: the systems trained: name -> (architecture, documents in training)
 SYSTEMS = {"closed_book": ("rag_token_tiny", 0), "rag_token": ("rag_token_tiny", 3), "rag_seq": ("rag_seq_tiny", 3)}
 #: test-time decoding: RAG-Token greedy (the paper's QA preset), RAG-Sequence a beam of 4 with Thorough
-DECODING = {"closed_book": ["--beam", "1"], "rag_token": ["--beam", "1"],
-            "rag_seq": ["--beam", "4", "--rag-decoding", "thorough"]}
-GENERATE_OPTIONS = ["--batch-size", "32", "--max-len-b", "24", "--num-workers", "0"]
+BEAM = {"closed_book": 1, "rag_token": 1, "rag_seq": 4}
+DECODING = {"rag_seq": ["--rag-decoding", "thorough"]}
+#: the rest of the decoding settings, the same on valid (rag-choose-k) and test
+GENERATE_OPTIONS = ["--max-len-b", "24", "--num-workers", "0"]
 ANSWER_METRICS = "em,f1"
 RETRIEVAL_METRICS = "rprec,recall@5"  # of the retriever before training (rag-search): five passages each
 
@@ -53,10 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--work", default="runs/own_corpus", help="where everything goes (default: %(default)s)")
     ap.add_argument("--islands", type=int, default=300, help="passages of the generated corpus (default: %(default)s)")
     ap.add_argument("--vocab-size", type=int, default=2000, help="generator vocabulary (default: %(default)s)")
-    ap.add_argument("--pretrain-updates", type=int, default=300, help="denoising updates (default: %(default)s)")
-    ap.add_argument("--pseudo-updates", type=int, default=300, help="pseudo-question updates (default: %(default)s)")
-    ap.add_argument("--updates", type=int, default=150, help="updates per system (default: %(default)s)")
-    ap.add_argument("--batch-size", type=int, default=32, help="training batch size (default: %(default)s)")
+    ap.add_argument("--pretrain-updates", type=int, default=150, help="denoising updates (default: %(default)s)")
+    ap.add_argument("--pseudo-updates", type=int, default=150, help="pseudo-question updates (default: %(default)s)")
+    ap.add_argument("--updates", type=int, default=200, help="updates per system (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=16, help="training batch size (default: %(default)s)")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 3, 5], help="K tried on valid (default: %(default)s)")
     ap.add_argument("--generator-checkpoint", default=None,
                     help="start from this pretrained generator instead of rag-pretrain (needs --vocab-from)")
@@ -153,7 +154,8 @@ class Journey:
         self.step(f"5. choose K for {name} on the valid set", out.is_file(),
                   lambda: self.run("rag-choose-k", "--checkpoint", checkpoint, "--data", self.data, "--knowledge",
                                    self.ks, "--k", *self.args.k, "--out-dir", self.work / "choose_k" / name,
-                                   "--json-out", out, "--", *DECODING[name], *GENERATE_OPTIONS))
+                                   "--beam", BEAM[name], "--json-out", out, "--", *DECODING.get(name, []),
+                                   *GENERATE_OPTIONS))
         best = int(json.loads(out.read_text())["best_k"])
         self.summary["k"][name] = best
         return best
@@ -170,7 +172,8 @@ class Journey:
         def body():
             with atomic_path(out) as tmp:
                 self.run("rag-generate", self.data, "--task", "retrieval_augmented", "--knowledge", self.ks,
-                         "--path", checkpoint, "--gen-subset", "test", *n_docs, *DECODING[name], *GENERATE_OPTIONS,
+                         "--path", checkpoint, "--gen-subset", "test", *n_docs, "--beam", BEAM[name],
+                         *DECODING.get(name, []), "--batch-size", 32, *GENERATE_OPTIONS,
                          log=f"test_{name}", stdout=tmp, progress=commands.generation_progress)
 
         self.step(f"6. test answers of {name}" + (f" (K={k})" if k else ""), out.is_file(), body)
