@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Your own corpus, end to end, with the console scripts a user types (each printed as it runs):
 
-    python examples/own_corpus/run.py [--work runs/own_corpus] [--islands 300] [--pretrain-updates 300] ...
+    python examples/own_corpus/run.py [--work runs/own_corpus] [--islands 300] [--updates 200] ...
 
  0. python examples/own_corpus/make_corpus.py: a generated corpus (invented islands: passages.jsonl, and
     question/answer pairs in KILT JSONL split by island into train/valid/test); stands for yours;
@@ -16,8 +16,9 @@
  6. rag-generate on the test set with the chosen K; rag-search + rag-evaluate: retrieval (R-precision,
     recall@5) of the knowledge source's own encoder; rag-evaluate: the answers; rag-leaderboard: every row.
 
-Every step is skipped when its output is complete, so a rerun after an interruption continues; a step
-whose settings changed is done again. Logs: WORK/logs/. At the end WORK/leaderboard.md and
+Every step is skipped when its output is complete, so a rerun after an interruption continues; a training
+run whose settings changed is done again, with what comes after it (the corpus, vocabulary and knowledge
+source are kept as they are: use another --work to change them). Logs: WORK/logs/. At the end WORK/leaderboard.md and
 WORK/summary.json (chosen K, timings). With OMP_NUM_THREADS=1 on 2 CPU cores it takes about 20 minutes
 at the default sizes (examples/own_corpus/README.md); the flags make it smaller (tests/examples run it
 in minutes).
