@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Your own corpus, end to end, with the console scripts a user types (each printed as it runs):
 
-    python examples/own_corpus/run.py [--work runs/own_corpus] [--islands 300] [--pretrain-updates 300] ...
+    python examples/own_corpus/run.py [--work runs/own_corpus] [--islands 300] [--updates 200] ...
 
  0. python examples/own_corpus/make_corpus.py: a generated corpus (invented islands: passages.jsonl, and
     question/answer pairs in KILT JSONL split by island into train/valid/test); stands for yours;
@@ -16,8 +16,9 @@
  6. rag-generate on the test set with the chosen K; rag-search + rag-evaluate: retrieval (R-precision,
     recall@5) of the knowledge source's own encoder; rag-evaluate: the answers; rag-leaderboard: every row.
 
-Every step is skipped when its output is complete, so a rerun after an interruption continues; a step
-whose settings changed is done again. Logs: WORK/logs/. At the end WORK/leaderboard.md and
+Every step is skipped when its output is complete, so a rerun after an interruption continues; a training
+run whose settings changed is done again, with what comes after it (the corpus, vocabulary and knowledge
+source are kept as they are: use another --work to change them). Logs: WORK/logs/. At the end WORK/leaderboard.md and
 WORK/summary.json (chosen K, timings). With OMP_NUM_THREADS=1 on 2 CPU cores it takes about 20 minutes
 at the default sizes (examples/own_corpus/README.md); the flags make it smaller (tests/examples run it
 in minutes).
@@ -41,9 +42,10 @@ HERE = Path(__file__).resolve().parent
 #: the systems trained: name -> (architecture, documents in training)
 SYSTEMS = {"closed_book": ("rag_token_tiny", 0), "rag_token": ("rag_token_tiny", 3), "rag_seq": ("rag_seq_tiny", 3)}
 #: test-time decoding: RAG-Token greedy (the paper's QA preset), RAG-Sequence a beam of 4 with Thorough
-DECODING = {"closed_book": ["--beam", "1"], "rag_token": ["--beam", "1"],
-            "rag_seq": ["--beam", "4", "--rag-decoding", "thorough"]}
-GENERATE_OPTIONS = ["--batch-size", "32", "--max-len-b", "24", "--num-workers", "0"]
+BEAM = {"closed_book": 1, "rag_token": 1, "rag_seq": 4}
+DECODING = {"rag_seq": ["--rag-decoding", "thorough"]}
+#: the rest of the decoding settings, the same on valid (rag-choose-k) and test
+GENERATE_OPTIONS = ["--max-len-b", "24", "--num-workers", "0"]
 ANSWER_METRICS = "em,f1"
 RETRIEVAL_METRICS = "rprec,recall@5"  # of the retriever before training (rag-search): five passages each
 
@@ -53,10 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--work", default="runs/own_corpus", help="where everything goes (default: %(default)s)")
     ap.add_argument("--islands", type=int, default=300, help="passages of the generated corpus (default: %(default)s)")
     ap.add_argument("--vocab-size", type=int, default=2000, help="generator vocabulary (default: %(default)s)")
-    ap.add_argument("--pretrain-updates", type=int, default=300, help="denoising updates (default: %(default)s)")
-    ap.add_argument("--pseudo-updates", type=int, default=300, help="pseudo-question updates (default: %(default)s)")
-    ap.add_argument("--updates", type=int, default=150, help="updates per system (default: %(default)s)")
-    ap.add_argument("--batch-size", type=int, default=32, help="training batch size (default: %(default)s)")
+    ap.add_argument("--pretrain-updates", type=int, default=150, help="denoising updates (default: %(default)s)")
+    ap.add_argument("--pseudo-updates", type=int, default=150, help="pseudo-question updates (default: %(default)s)")
+    ap.add_argument("--updates", type=int, default=200, help="updates per system (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=16, help="training batch size (default: %(default)s)")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 3, 5], help="K tried on valid (default: %(default)s)")
     ap.add_argument("--generator-checkpoint", default=None,
                     help="start from this pretrained generator instead of rag-pretrain (needs --vocab-from)")
@@ -153,7 +155,8 @@ class Journey:
         self.step(f"5. choose K for {name} on the valid set", out.is_file(),
                   lambda: self.run("rag-choose-k", "--checkpoint", checkpoint, "--data", self.data, "--knowledge",
                                    self.ks, "--k", *self.args.k, "--out-dir", self.work / "choose_k" / name,
-                                   "--json-out", out, "--", *DECODING[name], *GENERATE_OPTIONS))
+                                   "--beam", BEAM[name], "--json-out", out, "--", *DECODING.get(name, []),
+                                   *GENERATE_OPTIONS))
         best = int(json.loads(out.read_text())["best_k"])
         self.summary["k"][name] = best
         return best
@@ -170,7 +173,8 @@ class Journey:
         def body():
             with atomic_path(out) as tmp:
                 self.run("rag-generate", self.data, "--task", "retrieval_augmented", "--knowledge", self.ks,
-                         "--path", checkpoint, "--gen-subset", "test", *n_docs, *DECODING[name], *GENERATE_OPTIONS,
+                         "--path", checkpoint, "--gen-subset", "test", *n_docs, "--beam", BEAM[name],
+                         *DECODING.get(name, []), "--batch-size", 32, *GENERATE_OPTIONS,
                          log=f"test_{name}", stdout=tmp, progress=commands.generation_progress)
 
         self.step(f"6. test answers of {name}" + (f" (K={k})" if k else ""), out.is_file(), body)

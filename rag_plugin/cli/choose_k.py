@@ -34,12 +34,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--data", required=True, help="directory with <subset>.jsonl (KILT style, with answers)")
     p.add_argument("--knowledge", required=True, help="knowledge source directory to retrieve from")
     p.add_argument("--k", type=int, nargs="+", required=True, help="the numbers of documents to try")
-    p.add_argument("--subset", default="valid", help="the split to choose on (never the test set)")
+    p.add_argument("--subset", default="valid", help="the split to choose on (not test: K is then part of the model)")
     p.add_argument("--metric", default="em", help="the metric that chooses (higher is better)")
     p.add_argument("--metrics", default="em,f1", help="the table's columns (--metric is added if missing)")
     p.add_argument("--beam", type=int, default=1, help="beam size (RAG-Token: 1 is greedy, the paper's QA preset)")
     p.add_argument("--batch-size", type=int, default=32, help="questions per generation batch")
-    p.add_argument("--out-dir", default=None, help="where the generations go (default: CHECKPOINT's folder/choose_k)")
+    p.add_argument("--out-dir", default=None, help="where the generations go (None: CHECKPOINT's folder/choose_k)")
     p.add_argument("--json-out", default=None, help="also write the scores and the best K here (JSON)")
     return p
 
@@ -60,6 +60,9 @@ def check_args(args) -> Tuple[List[str], str, List[int]]:
 
     if not Path(args.checkpoint).is_file():
         raise UserError("checkpoint not found", path=args.checkpoint, fix="train a model first (rag-train)")
+    if args.subset == "test":
+        raise UserError("--subset test: a K chosen on the test set makes its test score optimistic",
+                        fix="choose K on the valid set (the default), then generate the test set with it")
     gold = Path(args.data) / f"{args.subset}.jsonl"
     if not gold.is_file():
         raise UserError(f"no {args.subset} split in --data", path=str(gold),

@@ -51,6 +51,7 @@ def inputs(tiny_world, tmp_path):
     ({"--metric": "rprec"}, ["--metric rprec", "answer metric"]),
     ({"--metric": "exact"}, ["unknown metric 'exact'"]),
     ({"--subset": "dev"}, ["dev.jsonl", "no dev split"]),
+    ({"--subset": "test"}, ["--subset test", "valid set"]),
     ({"--checkpoint": "missing.pt"}, ["missing.pt", "checkpoint not found"]),
     ({"--knowledge": "no_ks"}, ["no_ks", "knowledge source"]),
     ({"--beam": "0"}, ["--beam"]),
