@@ -118,7 +118,7 @@ def test_the_test_answers_use_the_chosen_k_and_the_leaderboard_has_every_row(jou
                   if line.startswith("H-")]
     assert len(hypotheses) == test_questions
     board = json.loads((work / "leaderboard.json").read_text())["systems"]
-    assert list(board) == list(SYSTEMS)
+    assert sorted(board) == sorted(SYSTEMS)  # every row (the board orders them by score)
     assert board["closed_book"]["rprec"] is None and isinstance(board["closed_book"]["em"], float)
     for name in ("rag_token", "rag_seq"):
         assert all(isinstance(board[name][m], float) for m in ("em", "f1", "rprec"))
