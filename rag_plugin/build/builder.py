@@ -35,6 +35,7 @@ from rag_plugin.build.output_dir import (
     shards_dir,
 )
 from rag_plugin.build.settings import ENCODER_IDENTITY, BuildSettings, passage_side
+from rag_plugin.build.sharding import write_shards
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import BUILD_DIR, KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
@@ -98,15 +99,34 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         vectors = _place_vectors(run, store, precomputed)
     else:
         vectors = _embed_vectors(run, store, encoder, identity, reuse_vectors_from)
-    index_factory = stages.write_index(out, settings, vectors.array, progress, log)
+    index_factory, index_extra = _write_index(run, vectors.array)
     tok_files = stages.copy_tokenizer_files(out, settings, tokenizer)
-    extra = precomputed.manifest_entries() if precomputed is not None else None
+    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra}
     dim = int(vectors.array.shape[1])
     stages.write_manifest(out, settings, store, vectors.identity, dim, fingerprint, index_factory, tok_files,
                           vectors.seconds, extra)
     shutil.rmtree(out / BUILD_DIR, ignore_errors=True)
-    log(f"{out}: {len(store)} passages, dim {dim}, index {index_factory}")
+    shards = f" in {settings.num_shards} shards" if settings.num_shards > 1 else ""
+    log(f"{out}: {len(store)} passages, dim {dim}, index {index_factory}{shards}")
     return KnowledgeSource(str(out))
+
+
+def _write_index(run: _Run, vectors: np.ndarray) -> Tuple[str, dict]:
+    """The index (one file, or ``settings.num_shards`` shards): its factory and the manifest entries it adds."""
+    settings = run.settings
+    if settings.num_shards == 1:
+        factory = stages.write_index(run.out, settings, vectors, run.progress, run.log)
+        return factory, {"index_bytes": (run.out / "index.faiss").stat().st_size}
+    entries = write_shards(run.out, vectors, settings.index_factory, settings.num_shards, settings.train_size,
+                           settings.seed, run.progress, run.log)
+    return settings.index_factory, {"index_bytes": sum(e.index_bytes for e in entries),
+                                    "shards": [e.to_json() for e in entries]}
+
+
+def _vectors_file(settings: BuildSettings) -> str:
+    """Where the gathered vectors go: ``vectors.npy`` of the source, or a scratch file when they are cut into
+    index shards (each shard keeps its own rows)."""
+    return "vectors.npy" if settings.num_shards == 1 else f"{BUILD_DIR}/vectors.npy"
 
 
 def _encoder_and_identity(settings: BuildSettings, encoder, identity: Optional[dict]) -> Tuple[object, dict]:
@@ -152,7 +172,8 @@ def _embed_vectors(run: _Run, store: PassageStore, encoder, identity: dict,
     seconds = embed_shards(store, shards, todo, run.shard_size, encoder, run.batch_size, reuse, run.progress)
     if reuse is not None:
         run.log(f"reused the vectors of {reuse.reused} unchanged passages from {reuse_vectors_from}")
-    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim), identity, seconds)
+    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim,
+                                   _vectors_file(run.settings)), identity, seconds)
 
 
 def _place_vectors(run: _Run, store: PassageStore, precomputed) -> _Vectors:
@@ -162,5 +183,5 @@ def _place_vectors(run: _Run, store: PassageStore, precomputed) -> _Vectors:
     stages.place_precomputed(precomputed, store, shards, starts, run.shard_size, todo, run.progress, run.log)
     dim = int(precomputed.dim)
     _check_factory(run, dim, len(store))
-    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim),
-                    precomputed.identity(), 0.0)
+    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim,
+                                   _vectors_file(run.settings)), precomputed.identity(), 0.0)

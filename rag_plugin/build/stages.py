@@ -5,7 +5,6 @@ files, and the manifest, written last.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +24,11 @@ TOKENIZER_KEYS = ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe")
 
 
 def check_passage_files(settings: BuildSettings) -> None:
+    if settings.num_shards < 1:
+        raise UserError(f"--num-shards must be at least 1, got {settings.num_shards}", fix="use --num-shards 1 or more")
+    if settings.num_shards > 1 and settings.index_file:
+        raise UserError("an existing FAISS index (--faiss-index) cannot be cut into shards",
+                        fix="leave out --num-shards, or leave out --faiss-index to build sharded indexes")
     for path in passage_files(settings):
         if not Path(path).is_file():
             raise UserError("passages file not found", path=path,
@@ -143,7 +147,6 @@ def write_manifest(out: Path, settings: BuildSettings, store: PassageStore, iden
         "dim": dim,
         "metric": "inner_product",
         "index_factory": index_factory,
-        "index_bytes": os.path.getsize(out / "index.faiss"),
         "encoder_spec": settings.encoder,
         "encoder": identity,
         "pooling": identity.get("pooling"),
