@@ -108,9 +108,10 @@ def check_shard_files(directory: Path, entry: ShardEntry) -> None:
         actual = path.stat().st_size
         if actual != size:
             raise UserError(f"{entry.describe()} is {actual} bytes, the manifest says {size}: truncated or from "
-                            "another build", path=str(path), fix="copy the shard again, or rebuild the knowledge source")
+                            "another build", path=str(path),
+                            fix="copy the shard again, or rebuild the knowledge source")
         if sampled_sha256(path) != checksum:
-            raise UserError(f"{entry.describe()} does not match the manifest's checksum: it is from another build",
+            raise UserError(f"{entry.describe()} does not match the manifest checksum: it is from another build",
                             path=str(path), fix="copy this build's shard, or rebuild the knowledge source")
 
 
