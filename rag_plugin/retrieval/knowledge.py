@@ -163,7 +163,7 @@ class KnowledgeSource:
     def local_search(self, numbers=None) -> LocalSearch:
         """Exact search over the shards ``numbers`` (default: all of them, merged) in this process."""
         numbers = range(self.num_shards) if numbers is None else numbers
-        return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self._search_params.get("nprobe"))
+        return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self.search_params.get("nprobe"))
 
     def _shard_vectors(self, number: int) -> np.ndarray:
         if number not in self._shard_arrays:
@@ -172,6 +172,11 @@ class KnowledgeSource:
             self._shard_arrays[number] = _load_vectors(self.directory / entry.vectors, entry.rows, self.dim,
                                                        entry.describe())
         return self._shard_arrays[number]
+
+    @property
+    def search_params(self) -> dict:
+        """The IVF ``nprobe`` / HNSW ``ef_search`` set on every shard (:meth:`set_search_params`)."""
+        return dict(self._search_params)
 
     def set_search_params(self, nprobe: Optional[int] = None, ef_search: Optional[int] = None):
         """IVF ``nprobe`` / HNSW ``efSearch`` for every shard (those opened now and those opened later);
