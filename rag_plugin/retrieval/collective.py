@@ -55,7 +55,7 @@ class CollectiveSearch:
         scores, rows = self._search_held(everyone, k, threads)
         vectors = self.local.vectors_of(rows) if with_vectors else None
         mine = self._exchange(scores, rows, vectors, sizes)
-        out_s, out_r, out_v = merge_top_k(*mine, k) if with_vectors else merge_top_k(mine[0], mine[1], k)
+        out_s, out_r, out_v = merge_top_k(mine[0], mine[1], k, mine[2] if with_vectors else None)
         faiss_index.check_all_found(out_r, k, self.nprobe)
         return out_s, out_r, out_v
 
