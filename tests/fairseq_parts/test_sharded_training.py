@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # The driver of test_distributed, reading the knowledge source of its node: "--knowledge DIR/node{GROUP_RANK}".
-NODE_DRIVER = DRIVER.replace('sys.argv[0] = "fairseq-train"', '''sys.argv = [a.replace("{{NODE}}", os.environ["GROUP_RANK"]) for a in sys.argv]
-sys.argv[0] = "fairseq-train"''')
+NODE_DRIVER = DRIVER.replace(
+    'sys.argv[0] = "fairseq-train"',
+    'sys.argv = [a.replace("{{NODE}}", os.environ["GROUP_RANK"]) for a in sys.argv]\nsys.argv[0] = "fairseq-train"')
 
 
 def _free_port() -> int:
