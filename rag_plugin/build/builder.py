@@ -51,6 +51,7 @@ class _Run:
     batch_size: int
     progress: bool
     log: Callable[[str], None]
+    index_template: object = None
 
 
 @dataclass
@@ -66,8 +67,8 @@ class _Vectors:
 def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                            shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
                            progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None,
-                           collection: Optional[Callable[[], Iterable]] = None, precomputed=None
-                           ) -> KnowledgeSource:
+                           collection: Optional[Callable[[], Iterable]] = None, precomputed=None,
+                           index_template=None, manifest_extra: Optional[dict] = None) -> KnowledgeSource:
     """Build (or resume building) a knowledge source in ``out_dir``.
 
     ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
@@ -76,6 +77,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     reading ``settings.passages`` (which still name the input files, for the fingerprint).
     ``precomputed``: a :class:`~rag_plugin.build.precomputed.PrecomputedVectors`, document
     vectors computed elsewhere, in place of ``encoder``.
+    ``index_template``: an empty FAISS index whose quantizer is already trained (an update keeps its
+    source's), copied and given the vectors instead of training one. ``manifest_extra``: more manifest entries.
     """
     if precomputed is not None and (encoder is not None or reuse_vectors_from):
         raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
@@ -92,7 +95,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         encoder, identity = _encoder_and_identity(settings, encoder, identity)
         fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(identity)}
     shard_size = stages.start_build_state(out, mode, recorded, fingerprint, shard_size, log)
-    run = _Run(out, settings, shard_size, batch_size, progress, log)
+    run = _Run(out, settings, shard_size, batch_size, progress, log, index_template)
     store = stages.write_passage_store(out, settings, collection, tokenizer, input_format, fingerprint["passages"],
                                        progress, log)
     if precomputed is not None:
@@ -101,7 +104,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         vectors = _embed_vectors(run, store, encoder, identity, reuse_vectors_from)
     index_factory, index_extra = _write_index(run, vectors.array)
     tok_files = stages.copy_tokenizer_files(out, settings, tokenizer)
-    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra}
+    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra,
+             **(manifest_extra or {})}
     dim = int(vectors.array.shape[1])
     stages.write_manifest(out, settings, store, vectors.identity, dim, fingerprint, index_factory, tok_files,
                           vectors.seconds, extra)
@@ -114,6 +118,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
 def _write_index(run: _Run, vectors: np.ndarray) -> Tuple[str, dict]:
     """The index (one file, or ``settings.num_shards`` shards): its factory and the manifest entries it adds."""
     settings = run.settings
+    if run.index_template is not None:
+        stages.keep_template(run.out, run.index_template)
     if settings.num_shards == 1:
         factory = stages.write_index(run.out, settings, vectors, run.progress, run.log)
         return factory, {"index_bytes": (run.out / "index.faiss").stat().st_size}
