@@ -95,6 +95,19 @@ class RAG:
         return cls(task, model)
 
     @property
+    def version(self) -> int:
+        """The version of the knowledge source this model reads (kept until :meth:`reload`)."""
+        return self.task.knowledge.version
+
+    def reload(self) -> int:
+        """Read the knowledge source's current version from now on (after ``rag-update-knowledge``; the
+        version opened so far is kept until then, whatever is switched). Returns the version now read."""
+        version = self.task.reopen_knowledge()
+        context = self.task.retrieval_context(self.model.cfg)
+        self.model.context, self.model.retriever = context, context.retriever
+        return version
+
+    @property
     def tokenizer(self):
         return self.task.tokenizer
 

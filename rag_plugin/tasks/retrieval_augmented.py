@@ -194,6 +194,21 @@ class RetrievalAugmentedTask(FairseqTask):
             self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder, searcher=searcher)
         return self._retriever
 
+    def reopen_knowledge(self) -> int:
+        """Open the knowledge source's current version again (``rag-update-knowledge`` made a newer one); the
+        retriever and the models' retrieval contexts made after this use it. Returns the version now open."""
+        from rag_plugin.retrieval.knowledge import KnowledgeSource
+
+        fresh = KnowledgeSource(self.cfg.knowledge, index_mode=self.knowledge.index_mode)
+        fresh.check_encoder(self.knowledge.encoder_identity, what="the document encoder of the version open so far")
+        if fresh.passages.tokenizer_identity != self.knowledge.passages.tokenizer_identity:
+            raise UserError(f"version {fresh.version} pre-tokenizes its passages with another generator vocabulary",
+                            path=str(fresh.directory), fix="update knowledge sources with rag-update-knowledge only")
+        if self.knowledge.search_params:
+            fresh.set_search_params(**self.knowledge.search_params)
+        self.knowledge, self._retriever, self._bm25 = fresh, None, None
+        return fresh.version
+
     @property
     def bm25(self):
         if self._bm25 is None:
@@ -214,6 +229,7 @@ class RetrievalAugmentedTask(FairseqTask):
             20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0)
         identity = {"encoder": self.knowledge.encoder_identity,
                     "knowledge": str(Path(self.cfg.knowledge).resolve()),
+                    "version": self.knowledge.version,
                     "passage_store_sha256": self.knowledge.passages.sha256,
                     "count": len(self.knowledge),
                     "input_format": self.input_format.name,
