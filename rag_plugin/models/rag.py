@@ -332,8 +332,8 @@ class RagModel(BaseFairseqModel):
         now = self.knowledge_identity or {}
         if trained.get("knowledge") and trained.get("knowledge") == now.get("knowledge") and \
                 int(now.get("version") or 1) > int(trained.get("version") or 1):
-            logger.warning("%s: the checkpoint was trained on version %s of this knowledge source; it now reads version "
-                           "%s (same document encoder, updated passages)", now["knowledge"],
+            logger.warning("%s: the checkpoint was trained on version %s of this knowledge source; it now reads "
+                           "version %s (same document encoder, updated passages)", now["knowledge"],
                            trained.get("version") or 1, now["version"])
 
     def _check_generator_tokenizer(self, trained: Optional[dict]) -> None:
