@@ -283,12 +283,14 @@ def _embed_vectors(run: _Run, plan: _Plan, prepared: Optional[_Prepared], encode
     def embed_chunk(start: int) -> None:
         embed_shards(store, shards, [start], run.shard_size, encoder, run.batch_size, reuse, progress=False)
 
+    progress = ChunkProgress(shards, plan.todo, run.shard_size, n, run.progress)
+
     def embed_mine():
-        progress = ChunkProgress(shards, plan.todo, run.shard_size, n, run.progress)
         seconds = embed_share(share(plan.todo, group), embed_chunk, progress)
         return None, (seconds, reuse.reused if reuse is not None else 0)
 
     _, done = group.each(embed_mine)
+    progress.close()
     if reuse is not None:
         run.log(f"reused the vectors of {sum(d[1] for d in done)} unchanged passages from {reuse_vectors_from}")
     array, _ = group.on_main(lambda: (gather_vectors(run.out, shards, list(plan.starts), run.shard_size, n, dim,

@@ -48,6 +48,7 @@ class BuildStopped(UserError):
 def _first_line(err: BaseException) -> str:
     text = " ".join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ""
     text = text.split("] ", 1)[-1] if text.startswith("[") else text  # gloo's "[file.cc:123] " prefix
+    text = text.split(". ")[0]  # and its advice
     text = text or type(err).__name__
     return text if len(text) <= 160 else text[:157] + "..."
 
@@ -158,8 +159,9 @@ class BuildGroup:
             raise failure
         for rank, outcome in enumerate(everyone):
             if not outcome.ok:
+                who = f"rank {rank} of {self.world}"
                 what = outcome.line if outcome.user else f"stopped ({outcome.line}): see its log"
-                raise BuildStopped(f"rank {rank} of {self.world}: {what}")
+                raise BuildStopped(what if what.startswith(who) else f"{who}: {what}")
         return local, [outcome.value for outcome in everyone]
 
     def _collective(self, call: Callable, failure: Optional[BaseException]) -> None:
@@ -232,6 +234,8 @@ class ChunkProgress:
             self.bar.update(self.n - self._rows(unfinished) - self.bar.n)
 
     def close(self) -> None:
+        """Show the last count (after every rank finished) and close the bar."""
+        self.update()
         if self.bar is not None:
             self.bar.close()
 
@@ -239,10 +243,7 @@ class ChunkProgress:
 def embed_share(mine: Sequence[int], embed_chunk: Callable[[int], None], progress: ChunkProgress) -> float:
     """Embed this rank's chunks (``embed_chunk(start)`` writes one atomically); returns the seconds spent."""
     t0 = time.perf_counter()
-    try:
-        for start in mine:
-            embed_chunk(start)
-            progress.update()
-    finally:
-        progress.close()
+    for start in mine:
+        embed_chunk(start)
+        progress.update()
     return time.perf_counter() - t0
