@@ -161,7 +161,7 @@ class BuildGroup:
             if not outcome.ok:
                 who = f"rank {rank} of {self.world}"
                 what = outcome.line if outcome.user else f"stopped ({outcome.line}): see its log"
-                raise BuildStopped(what if what.startswith(who) else f"{who}: {what}")
+                raise BuildStopped(what if who in what else f"{who}: {what}")
         return local, [outcome.value for outcome in everyone]
 
     def _collective(self, call: Callable, failure: Optional[BaseException]) -> None:
