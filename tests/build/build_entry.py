@@ -3,12 +3,14 @@ tests' :class:`~tests.conftest.HashingEncoder` reachable as ``--encoder hashing`
 that launch builds as separate processes (torchrun or one process per rank).
 
 ``RAG_TEST_DIE_AFTER_CHUNKS=N`` (set for one rank only): the process kills itself with SIGKILL when it starts
-embedding its (N+1)-th chunk, a process lost in the middle of a build. The encoder's identity does not depend on
-it, so a rerun without it resumes the same build.
+embedding its (N+1)-th chunk, a process lost in the middle of a build; ``RAG_TEST_STALL_AFTER_CHUNKS=N``: it
+sleeps for ten minutes there instead, a process that hangs. The encoder's identity does not depend on them, so a
+rerun without them resumes the same build.
 """
 import os
 import signal
 import sys
+import time
 
 from rag_plugin.cli.build_knowledge import main
 from rag_plugin.retrieval.encoders.registry import register_encoder
@@ -16,15 +18,17 @@ from tests.conftest import HashingEncoder
 
 
 class _MortalHashingEncoder(HashingEncoder):
-    """:class:`HashingEncoder` that dies (SIGKILL) at its (N+1)-th ``encode_passages`` call."""
+    """:class:`HashingEncoder` that dies (SIGKILL) or hangs at its (N+1)-th ``encode_passages`` call."""
 
-    def __init__(self, dim: int, die_after: int):
+    def __init__(self, dim: int, after: int, how: str):
         super().__init__(dim)
-        self.calls, self.die_after = 0, die_after
+        self.calls, self.after, self.how = 0, after, how
 
     def encode_passages(self, titles, texts, batch_size=64, progress=False):
-        if self.calls == self.die_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.calls == self.after:
+            if self.how == "DIE":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(600)
         self.calls += 1
         return super().encode_passages(titles, texts, batch_size, progress)
 
@@ -33,8 +37,11 @@ class _MortalHashingEncoder(HashingEncoder):
 def load_hashing(arg, options):
     dim = options.integer("dim", 64)
     options.done("dim")
-    die_after = os.environ.get("RAG_TEST_DIE_AFTER_CHUNKS")
-    return HashingEncoder(dim) if die_after is None else _MortalHashingEncoder(dim, int(die_after))
+    for how in ("DIE", "STALL"):
+        after = os.environ.get(f"RAG_TEST_{how}_AFTER_CHUNKS")
+        if after is not None:
+            return _MortalHashingEncoder(dim, int(after), how)
+    return HashingEncoder(dim)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ def _one(module, *args, threads=1):
                           cwd=str(ROOT), env=_env(OMP_NUM_THREADS=str(threads)))
 
 
-def _ranks(world, module, *args, rank_env=None, rank_args=None):
-    """``world`` processes started as torchrun starts its workers; returns their finished processes by rank."""
+def _ranks(world, module, *args, rank_env=None, rank_args=None, kill_after_rank_0=False):
+    """``world`` processes started as torchrun starts its workers; returns their finished processes by rank
+    (``kill_after_rank_0``: the others killed once rank 0 ended)."""
     port = str(_free_port())
     procs = []
     for rank in range(world):
@@ -56,6 +57,8 @@ def _ranks(world, module, *args, rank_env=None, rank_args=None):
     deadline = time.monotonic() + 300
     out = []
     for proc in procs:
+        if out and kill_after_rank_0:
+            proc.kill()
         stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
         out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
     return out
@@ -143,6 +146,18 @@ def test_a_lost_rank_stops_the_others_and_a_one_process_rerun_finishes_the_build
     assert rerun.returncode == 0, rerun.stderr
     assert _one(ENTRY, *common, "--out", tmp_path / "one").returncode == 0
     _same_source(tmp_path / "one", tmp_path / "ks", _queries(tmp_path / "one"))
+
+
+def test_a_rank_that_hangs_stops_the_others_after_the_timeout(tmp_path):
+    src = _passages(tmp_path, 120)
+    t0 = time.monotonic()
+    ranks = _ranks(2, ENTRY, "--passages", src, "--encoder", "hashing", "--shard-size", 8, "--quiet",
+                   "--dist-timeout", 0.4, "--out", tmp_path / "ks", rank_env={1: {"RAG_TEST_STALL_AFTER_CHUNKS": "2"}},
+                   kill_after_rank_0=True)
+    assert time.monotonic() - t0 < 250  # not the ten minutes rank 1 sleeps
+    _assert_stopped(ranks[0], "rank 0 of 2: lost contact with another process of the build (Timed out")
+    assert ranks[1].returncode == -9  # killed by the test once rank 0 gave up
+    assert len(list((tmp_path / "ks" / ".build" / "shards").glob("*.npy"))) >= 2
 
 
 def test_bad_input_seen_by_rank_0_stops_every_rank_with_its_line_and_nothing_is_written(tmp_path):
