@@ -14,6 +14,11 @@ placed by passage id, in place of an encoder) and ``BuildSettings.index_file`` (
 index over the same rows, checked and used instead of building one); ``BuildSettings.input_format``
 says which generator input format the passages are pre-tokenized for (see
 :mod:`rag_plugin.core.input_format`).
+
+``group`` (:class:`~rag_plugin.build.distributed.BuildGroup`): the processes of a torchrun job the build is
+split over. Rank 0 does the checks, the passage store, gathering the vectors and the manifest; every rank
+embeds its share of the missing chunks and builds the index shards it owns. One process is the same
+sequence with no one to wait for.
 """
 from __future__ import annotations
 
@@ -25,6 +30,15 @@ from typing import Callable, Iterable, List, Optional, Tuple
 import numpy as np
 
 from rag_plugin.build import stages
+from rag_plugin.build.distributed import (
+    BuildGroup,
+    ChunkProgress,
+    check_same_directory,
+    embed_share,
+    shard_builders,
+    share,
+    write_job_token,
+)
 from rag_plugin.build.embedding import VectorReuse, embed_shards, gather_vectors
 from rag_plugin.build.output_dir import (
     check_out_dir,
@@ -34,11 +48,12 @@ from rag_plugin.build.output_dir import (
     shard_path,
     shards_dir,
 )
-from rag_plugin.build.settings import ENCODER_IDENTITY, BuildSettings, passage_side
-from rag_plugin.build.sharding import write_shards
+from rag_plugin.build.settings import ENCODER_IDENTITY, BuildSettings, describe_differences, passage_side
+from rag_plugin.build.sharding import finished_entries, shard_bounds, template_index, write_shards
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import BUILD_DIR, KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
+from rag_plugin.util.errors import UserError
 
 
 @dataclass
@@ -51,7 +66,32 @@ class _Run:
     batch_size: int
     progress: bool
     log: Callable[[str], None]
+    group: BuildGroup
     index_template: object = None
+
+
+@dataclass
+class _Plan:
+    """What rank 0 decided before any vector is made, sent to every rank: the embedding chunks (their size,
+    all their starts, those not yet made) and the encoder identity the vectors are made with."""
+
+    done: bool
+    shard_size: int = 0
+    batch_size: int = 0
+    starts: Tuple[int, ...] = ()
+    todo: Tuple[int, ...] = ()
+    identity: Optional[dict] = None
+    token: str = ""
+
+
+@dataclass
+class _Prepared:
+    """What rank 0 keeps from the checks for the stages after the index."""
+
+    fingerprint: dict
+    tokenizer: object
+    store: PassageStore
+    encoder: object
 
 
 @dataclass
@@ -63,12 +103,12 @@ class _Vectors:
     seconds: float
 
 
-@discard_unstarted_build_on_error
 def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                            shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
                            progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None,
                            collection: Optional[Callable[[], Iterable]] = None, precomputed=None,
-                           index_template=None, manifest_extra: Optional[dict] = None) -> KnowledgeSource:
+                           group: Optional[BuildGroup] = None, index_template=None,
+                           manifest_extra: Optional[dict] = None) -> KnowledgeSource:
     """Build (or resume building) a knowledge source in ``out_dir``.
 
     ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
@@ -77,56 +117,112 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     reading ``settings.passages`` (which still name the input files, for the fingerprint).
     ``precomputed``: a :class:`~rag_plugin.build.precomputed.PrecomputedVectors`, document
     vectors computed elsewhere, in place of ``encoder``.
+    ``group``: the processes the build is split over (default: this one); only rank 0 logs and shows progress.
     ``index_template``: an empty FAISS index whose quantizer is already trained (an update keeps its
     source's), copied and given the vectors instead of training one. ``manifest_extra``: more manifest entries.
     """
+    group = group or BuildGroup()
     if precomputed is not None and (encoder is not None or reuse_vectors_from):
         raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
+    if precomputed is not None and group.world > 1:
+        raise ValueError("precomputed vectors are placed by one process: build with one")
+    build = _build if group.is_main else _build.__wrapped__  # rank 0 alone cleans up after bad input
+    return build(out_dir, settings, encoder, shard_size, batch_size, restart, progress and group.is_main,
+                 log if group.is_main else _quiet, reuse_vectors_from, collection, precomputed, group,
+                 index_template, manifest_extra)
+
+
+def _quiet(message: str) -> None:
+    """The log of the ranks other than 0."""
+
+
+@discard_unstarted_build_on_error
+def _build(out_dir, settings: BuildSettings, encoder, shard_size: int, batch_size: int, restart: bool,
+           progress: bool, log, reuse_vectors_from, collection, precomputed, group: BuildGroup,
+           index_template=None, manifest_extra: Optional[dict] = None) -> KnowledgeSource:
+    """The stages, in order, each on rank 0 or on every rank (:class:`BuildGroup`)."""
     out = Path(out_dir)
+    prepared, plan = group.on_main(lambda: _prepare(out, settings, encoder, shard_size, batch_size, restart,
+                                                    collection, precomputed, progress, log, group.world))
+    if plan.done:
+        return KnowledgeSource(str(out))
+    run = _Run(out, settings, plan.shard_size, plan.batch_size, progress, log, group, index_template)
+    if precomputed is not None:
+        vectors = _place_vectors(run, prepared.store, precomputed)
+    else:
+        vectors = _embed_vectors(run, plan, prepared, encoder, reuse_vectors_from)
+    index_factory, index_extra = _write_index(run, vectors.array)
+    index_extra = {**index_extra, **(manifest_extra or {})}
+    group.on_main(lambda: (_finish(run, prepared, vectors, index_factory, index_extra, precomputed), None))
+    return KnowledgeSource(str(out))
+
+
+def _prepare(out: Path, settings: BuildSettings, encoder, shard_size: int, batch_size: int, restart: bool,
+             collection, precomputed, progress: bool, log, world: int) -> Tuple[Optional[_Prepared], _Plan]:
+    """Rank 0, before any vector is made: the checks, the build state, the passage store and the plan."""
     stages.check_passage_files(settings)
     fingerprint = settings.fingerprint()
     mode, recorded = check_out_dir(out, fingerprint, restart)
     encoder, identity = _check_existing_vectors(out, mode, recorded, settings, encoder, precomputed)
     if mode == "done":
         log(f"{out}: knowledge source is up to date")
-        return KnowledgeSource(str(out))
+        return None, _Plan(done=True)
     tokenizer, input_format = stages.load_pretokenization(settings)
     if precomputed is None:
         encoder, identity = _encoder_and_identity(settings, encoder, identity)
         fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(identity)}
     shard_size = stages.start_build_state(out, mode, recorded, fingerprint, shard_size, log)
-    run = _Run(out, settings, shard_size, batch_size, progress, log, index_template)
     store = stages.write_passage_store(out, settings, collection, tokenizer, input_format, fingerprint["passages"],
                                        progress, log)
-    if precomputed is not None:
-        vectors = _place_vectors(run, store, precomputed)
-    else:
-        vectors = _embed_vectors(run, store, encoder, identity, reuse_vectors_from)
-    index_factory, index_extra = _write_index(run, vectors.array)
-    tok_files = stages.copy_tokenizer_files(out, settings, tokenizer)
-    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra,
-             **(manifest_extra or {})}
+    shard_bounds(len(store), settings.num_shards)  # more index shards than passages: refused before embedding
+    starts, todo = _chunks(out, store, shard_size, None if precomputed is not None else int(encoder.dim))
+    if precomputed is None:
+        _check_factory(settings, int(encoder.dim), len(store))
+    token = write_job_token(out) if world > 1 else ""
+    plan = _Plan(False, shard_size, batch_size, tuple(starts), tuple(todo), identity, token)
+    return _Prepared(fingerprint, tokenizer, store, encoder), plan
+
+
+def _finish(run: _Run, prepared: _Prepared, vectors: _Vectors, index_factory: str, index_extra: dict,
+            precomputed) -> None:
+    """Rank 0, last: the tokenizer files, the manifest, and the build state removed."""
+    out, settings, store = run.out, run.settings, prepared.store
+    tok_files = stages.copy_tokenizer_files(out, settings, prepared.tokenizer)
+    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra}
     dim = int(vectors.array.shape[1])
-    stages.write_manifest(out, settings, store, vectors.identity, dim, fingerprint, index_factory, tok_files,
-                          vectors.seconds, extra)
+    stages.write_manifest(out, settings, store, vectors.identity, dim, prepared.fingerprint, index_factory,
+                          tok_files, vectors.seconds, extra)
     shutil.rmtree(out / BUILD_DIR, ignore_errors=True)
     shards = f" in {settings.num_shards} shards" if settings.num_shards > 1 else ""
-    log(f"{out}: {len(store)} passages, dim {dim}, index {index_factory}{shards}")
-    return KnowledgeSource(str(out))
+    by = f" (built by {run.group.world} processes)" if run.group.world > 1 else ""
+    run.log(f"{out}: {len(store)} passages, dim {dim}, index {index_factory}{shards}{by}")
 
 
 def _write_index(run: _Run, vectors: np.ndarray) -> Tuple[str, dict]:
-    """The index (one file, or ``settings.num_shards`` shards): its factory and the manifest entries it adds."""
-    settings = run.settings
+    """The index (one file, or ``settings.num_shards`` shards): its factory and the manifest entries it adds.
+    One file is built by rank 0; shards by their builders (:func:`shard_builders`) from one template index
+    trained by rank 0 (or the template an update keeps, ``run.index_template``)."""
+    settings, group = run.settings, run.group
     if run.index_template is not None:
-        stages.keep_template(run.out, run.index_template)
+        group.on_main(lambda: (stages.keep_template(run.out, run.index_template), None))
     if settings.num_shards == 1:
-        factory = stages.write_index(run.out, settings, vectors, run.progress, run.log)
+        _, factory = group.on_main(lambda: (None, stages.write_index(run.out, settings, vectors, run.progress,
+                                                                     run.log)))
         return factory, {"index_bytes": (run.out / "index.faiss").stat().st_size}
-    entries = write_shards(run.out, vectors, settings.index_factory, settings.num_shards, settings.train_size,
-                           settings.seed, run.progress, run.log)
+    group.on_main(lambda: (template_index(run.out, vectors, settings.index_factory, settings.train_size,
+                                          settings.seed), None))
+    mine = [s for s, rank in enumerate(shard_builders(settings.num_shards, group.world)) if rank == group.rank]
+    group.each(lambda: (_write_my_shards(run, vectors, mine), None))
+    _, entries = group.on_main(lambda: (None, finished_entries(run.out, settings.num_shards)))
     return settings.index_factory, {"index_bytes": sum(e.index_bytes for e in entries),
                                     "shards": [e.to_json() for e in entries]}
+
+
+def _write_my_shards(run: _Run, vectors: np.ndarray, numbers: List[int]) -> None:
+    settings = run.settings
+    if numbers:
+        write_shards(run.out, vectors, settings.index_factory, settings.num_shards, settings.train_size,
+                     settings.seed, run.progress, run.log, numbers=numbers)
 
 
 def _vectors_file(settings: BuildSettings) -> str:
@@ -155,39 +251,70 @@ def _check_existing_vectors(out: Path, mode: str, recorded: Optional[dict], sett
     return encoder, identity
 
 
-def _shards(run: _Run, store: PassageStore, dim: Optional[int]) -> Tuple[List[int], List[int]]:
-    """``(start rows of every shard, those not yet made)``, the finished ones checked to fit."""
-    n, shards = len(store), shards_dir(run.out)
-    starts = list(range(0, n, run.shard_size))
-    check_shards(shards, starts, run.shard_size, n, dim)
+def _chunks(out: Path, store: PassageStore, shard_size: int, dim: Optional[int]) -> Tuple[List[int], List[int]]:
+    """``(start rows of every embedding chunk, those not yet made)``, the finished ones checked to fit."""
+    n, shards = len(store), shards_dir(out)
+    starts = list(range(0, n, shard_size))
+    check_shards(shards, starts, shard_size, n, dim)
     return starts, [s for s in starts if not shard_path(shards, s).is_file()]
 
 
-def _check_factory(run: _Run, dim: int, n: int) -> None:
-    if not run.settings.index_file:  # refuse a bad --index-factory now, not after embedding
-        faiss_index.check_factory(run.settings.index_factory, dim, n)
+def _check_factory(settings: BuildSettings, dim: int, n: int) -> None:
+    if not settings.index_file:  # refuse a bad --index-factory now, not after embedding
+        faiss_index.check_factory(settings.index_factory, dim, n)
 
 
-def _embed_vectors(run: _Run, store: PassageStore, encoder, identity: dict,
+def _join_embedding(run: _Run, plan: _Plan, encoder, reuse_vectors_from: Optional[str]):
+    """Every rank: its encoder (ranks other than 0 load theirs and check it makes rank 0's vectors) and
+    vector reuse. Returns ``((encoder, reuse), None)``."""
+    group = run.group
+    if not group.is_main:
+        check_same_directory(run.out, plan.token, group)
+        encoder, identity = _encoder_and_identity(run.settings, encoder, None)
+        mine, main = passage_side(identity), passage_side(plan.identity)
+        if mine != main:
+            raise UserError(f"rank {group.rank} of {group.world} has another document encoder than rank 0 "
+                            f"({describe_differences(main, mine, 'on rank 0', 'here')})",
+                            fix="give every node the same encoder files at the same path")
+    reuse = VectorReuse(reuse_vectors_from, plan.identity) if reuse_vectors_from else None
+    return (encoder, reuse), None
+
+
+def _embed_vectors(run: _Run, plan: _Plan, prepared: Optional[_Prepared], encoder,
                    reuse_vectors_from: Optional[str]) -> _Vectors:
-    """Embed the missing shards with ``encoder``, then gather every shard into ``vectors.npy``."""
-    starts, todo = _shards(run, store, int(encoder.dim))
-    dim, shards = int(encoder.dim), shards_dir(run.out)
-    _check_factory(run, dim, len(store))
-    reuse = VectorReuse(reuse_vectors_from, identity) if reuse_vectors_from else None
-    seconds = embed_shards(store, shards, todo, run.shard_size, encoder, run.batch_size, reuse, run.progress)
+    """Every rank embeds its share of the missing chunks; then rank 0 gathers every chunk into one array."""
+    group, shards = run.group, shards_dir(run.out)
+    encoder = prepared.encoder if group.is_main else encoder
+    (encoder, reuse), _ = group.each(lambda: _join_embedding(run, plan, encoder, reuse_vectors_from))
+    store = prepared.store if group.is_main else PassageStore(str(run.out / "passages"))
+    n, dim = len(store), int(encoder.dim)
+
+    def embed_chunk(start: int) -> None:
+        embed_shards(store, shards, [start], run.shard_size, encoder, run.batch_size, reuse, progress=False)
+
+    progress = ChunkProgress(shards, plan.todo, run.shard_size, n, run.progress)
+
+    def embed_mine():
+        seconds = embed_share(share(plan.todo, group), embed_chunk, progress)
+        return None, (seconds, reuse.reused if reuse is not None else 0)
+
+    _, done = group.each(embed_mine)
+    progress.close()
     if reuse is not None:
-        run.log(f"reused the vectors of {reuse.reused} unchanged passages from {reuse_vectors_from}")
-    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim,
-                                   _vectors_file(run.settings)), identity, seconds)
+        run.log(f"reused the vectors of {sum(d[1] for d in done)} unchanged passages from {reuse_vectors_from}")
+    array, _ = group.on_main(lambda: (gather_vectors(run.out, shards, list(plan.starts), run.shard_size, n, dim,
+                                                     _vectors_file(run.settings)), None))
+    if not group.is_main:
+        array = np.load(run.out / _vectors_file(run.settings), mmap_mode="r")
+    return _Vectors(array, plan.identity, max(d[0] for d in done))
 
 
 def _place_vectors(run: _Run, store: PassageStore, precomputed) -> _Vectors:
-    """Place vectors made elsewhere into the missing shards by passage id, then gather them."""
-    starts, todo = _shards(run, store, None)
+    """Place vectors made elsewhere into the missing chunks by passage id, then gather them (one process)."""
+    starts, todo = _chunks(run.out, store, run.shard_size, None)
     shards = shards_dir(run.out)
     stages.place_precomputed(precomputed, store, shards, starts, run.shard_size, todo, run.progress, run.log)
     dim = int(precomputed.dim)
-    _check_factory(run, dim, len(store))
+    _check_factory(run.settings, dim, len(store))
     return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim,
                                    _vectors_file(run.settings)), precomputed.identity(), 0.0)

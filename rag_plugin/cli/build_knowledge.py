@@ -8,6 +8,15 @@ Passages: DPR's psgs_w100.tsv layout (id, text, title) or JSONL (id, title, text
 gzip-compressed (.gz). Resumable: rerun the same command after an interruption and finished shards
 are skipped. A rerun whose encoder differs from the one the vectors were made with (e.g. new
 weights at the same hf-dpr:DIR) is refused, never mixed or called up to date.
+
+Split over several processes, on one node or several (the output directory on a filesystem they all see)::
+
+    torchrun --nproc-per-node P -m rag_plugin.cli.build_knowledge --passages ... --out DIR [--num-shards S]
+
+Rank 0 checks the input and writes the passage store, every process embeds its share of the chunks, rank 0
+gathers the vectors, each index shard is built by one process, rank 0 writes the manifest. The vectors are
+those of a one-process build; rerunning the same command (with any number of processes) finishes a build
+that lost a process.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ from rag_plugin.util.errors import cli_main
 
 
 def build_parser() -> ArgumentParser:
+    from rag_plugin.build.distributed import DEFAULT_TIMEOUT_MINUTES
     from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
 
     p = ArgumentParser(prog="rag-build-knowledge", description=__doc__)
@@ -46,6 +56,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--restart", action="store_true", help="discard an unfinished build in --out and start over")
     p.add_argument("--seed", type=int, default=0, help="seed of the quantizer's training sample")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_MINUTES, metavar="MINUTES",
+                   help="under torchrun: how long a process waits for the others in one step (rank 0 alone writes "
+                        "the passage store and gathers the vectors) before giving up with an error")
     return p
 
 
@@ -55,21 +68,28 @@ def main(argv=None) -> int:
     import torch
 
     from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.build.distributed import BuildGroup
     from rag_plugin.core.input_format import InputFormat
     from rag_plugin.retrieval.index import set_faiss_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    set_faiss_threads(args.threads)
     passages = args.passages[0] if len(args.passages) == 1 else args.passages
     settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
                              split_words=args.split_words, dict=args.dict, bpe_model=args.bpe_model,
                              gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
                              train_size=args.train_size, seed=args.seed, num_shards=args.num_shards,
                              input_format=InputFormat.parse(args.input_format).identity())
-    build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
-                           restart=args.restart, progress=not args.quiet, reuse_vectors_from=args.reuse_vectors_from,
-                           log=lambda m: print(m, file=sys.stderr))
+    group = BuildGroup.from_environment(args.dist_timeout)  # one process unless torchrun started several
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # several processes on a node: FAISS as many threads as torch (torchrun's OMP_NUM_THREADS), not all CPUs each
+    set_faiss_threads(args.threads or (torch.get_num_threads() if group.world > 1 else None))
+    try:
+        build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
+                               restart=args.restart, progress=not args.quiet,
+                               reuse_vectors_from=args.reuse_vectors_from, log=lambda m: print(m, file=sys.stderr),
+                               group=group)
+    finally:
+        group.close()
     return 0
 
 
