@@ -110,10 +110,29 @@ def write_index(out: Path, settings: BuildSettings, vectors: np.ndarray, progres
         with atomic_path(out / "index.faiss") as tmp:
             shutil.copyfile(settings.index_file, tmp)
         return index_factory
-    index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
-                                    seed=settings.seed, progress=progress)
+    template = out / BUILD_DIR / TEMPLATE
+    if template.is_file():  # a quantizer trained before (an update keeps its source's): not trained again
+        index = faiss_index.read_index(str(template))
+        faiss_index.add_vectors(index, vectors, f"index {settings.index_factory}", progress=progress)
+    else:
+        index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
+                                        seed=settings.seed, progress=progress)
     faiss_index.write_index(index, str(out / "index.faiss"))
     return settings.index_factory
+
+
+#: ``.build/trained.faiss``: the empty, trained index the index (or every index shard) is a copy of
+TEMPLATE = "trained.faiss"
+
+
+def keep_template(out: Path, template) -> None:
+    """Record ``template`` (an empty index with a trained quantizer) as the one to copy, unless a resumed
+    build recorded it already."""
+    path = out / BUILD_DIR / TEMPLATE
+    if not path.is_file():
+        empty = faiss_index._faiss().clone_index(template)
+        empty.reset()
+        faiss_index.write_index(empty, str(path))
 
 
 def copy_tokenizer_files(out: Path, settings: BuildSettings, tokenizer) -> dict:

@@ -55,7 +55,7 @@ class CollectiveSearch:
         scores, rows = self._search_held(everyone, k, threads)
         vectors = self.local.vectors_of(rows) if with_vectors else None
         mine = self._exchange(scores, rows, vectors, sizes)
-        out_s, out_r, out_v = merge_top_k(*mine, k) if with_vectors else merge_top_k(mine[0], mine[1], k)
+        out_s, out_r, out_v = merge_top_k(mine[0], mine[1], k, mine[2] if with_vectors else None)
         faiss_index.check_all_found(out_r, k, self.nprobe)
         return out_s, out_r, out_v
 
@@ -126,3 +126,27 @@ class CollectiveSearch:
         if vectors is None:
             return peer_scores, peer_rows
         return peer_scores, peer_rows, [got[p, :, :, 3:] for p in range(self.world)]
+
+
+def job_searcher(knowledge, placement: str = "rank", log=None):
+    """The searcher for this process of a job: a :class:`CollectiveSearch` over the shards this rank holds
+    when the knowledge source is sharded, torch.distributed is initialised with more than one process and
+    ``placement`` is not ``local``; else None (the process searches every shard itself)."""
+    from rag_plugin.retrieval.shards import assign_holders, held_by
+
+    if knowledge.num_shards == 1 or placement == "local":
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    holders = assign_holders(knowledge.num_shards, world, placement)
+    held = {s: knowledge.part(s) for s in held_by(holders, rank)}
+    if log is not None:
+        log(f"rank {rank} of {world} holds index shards {sorted(held)} of {knowledge.num_shards} ({placement} "
+            f"placement, {', '.join(sorted({p.how for p in held.values()}))})")
+    return CollectiveSearch(held, holders, len(knowledge), knowledge.dim,
+                            nprobe=knowledge.search_params.get("nprobe"))

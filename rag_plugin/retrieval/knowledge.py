@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 
 from rag_plugin.retrieval import index as faiss_index
+from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.parts import IndexPart, LocalSearch, RowVectors
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.retrieval.shards import ShardEntry, check_shard_files, read_entries
@@ -73,11 +74,15 @@ def refuse_pickles(directory: Path) -> None:
 class KnowledgeSource:
     """A loaded, verified knowledge source (see the module docstring for the layout)."""
 
-    def __init__(self, directory: str, index_mode: str = faiss_index.SHARED):
-        d = Path(directory)
-        if not d.is_dir():
-            raise UserError("knowledge source directory not found", path=str(d),
+    def __init__(self, directory: str, index_mode: str = faiss_index.SHARED, version: Optional[int] = None):
+        """``directory``: the knowledge source (its current version is opened, and kept while this object
+        lives: see :mod:`rag_plugin.retrieval.versions`); ``version``: another of its versions."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise UserError("knowledge source directory not found", path=str(root),
                             fix="build one with rag-build-knowledge")
+        d, _ = versions.resolve(root, version)
+        self.root = root
         mpath = d / MANIFEST
         if not mpath.is_file():
             hint = ("its build did not finish: rerun the same rag-build-knowledge (or rag-import-knowledge) "
@@ -93,6 +98,8 @@ class KnowledgeSource:
             raise UserError("manifest is corrupted or of an unknown format", path=str(mpath),
                             fix="rebuild the knowledge source") from None
         self.directory = d
+        self.version = int(self.manifest.get("version", 1))
+        self._in_use = versions.InUse(d)  # a shared lock: rag-update-knowledge --keep leaves this version alone
         refuse_pickles(d)
         self.passages = PassageStore(str(d / "passages"))
         if len(self.passages) != count or self.passages.sha256 != self.manifest["passage_store"]["sha256"]:
@@ -163,7 +170,7 @@ class KnowledgeSource:
     def local_search(self, numbers=None) -> LocalSearch:
         """Exact search over the shards ``numbers`` (default: all of them, merged) in this process."""
         numbers = range(self.num_shards) if numbers is None else numbers
-        return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self._search_params.get("nprobe"))
+        return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self.search_params.get("nprobe"))
 
     def _shard_vectors(self, number: int) -> np.ndarray:
         if number not in self._shard_arrays:
@@ -172,6 +179,11 @@ class KnowledgeSource:
             self._shard_arrays[number] = _load_vectors(self.directory / entry.vectors, entry.rows, self.dim,
                                                        entry.describe())
         return self._shard_arrays[number]
+
+    @property
+    def search_params(self) -> dict:
+        """The IVF ``nprobe`` / HNSW ``ef_search`` set on every shard (:meth:`set_search_params`)."""
+        return dict(self._search_params)
 
     def set_search_params(self, nprobe: Optional[int] = None, ef_search: Optional[int] = None):
         """IVF ``nprobe`` / HNSW ``efSearch`` for every shard (those opened now and those opened later);
