@@ -67,7 +67,7 @@ class _Run:
     progress: bool
     log: Callable[[str], None]
     group: BuildGroup
-    index_template: object = None
+    index_template: object = None  # an update's trained quantizer (_Hooks)
 
 
 @dataclass
@@ -95,6 +95,17 @@ class _Prepared:
 
 
 @dataclass
+class _Hooks:
+    """The library's hooks for sources that are not (only) text files to embed (see the module docstring)."""
+
+    reuse_vectors_from: Optional[str] = None
+    collection: Optional[Callable[[], Iterable]] = None
+    precomputed: object = None
+    index_template: object = None
+    manifest_extra: Optional[dict] = None
+
+
+@dataclass
 class _Vectors:
     """What the embedding stage hands on: the vectors' memory map and the identity of their encoder."""
 
@@ -107,8 +118,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                            shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
                            progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None,
                            collection: Optional[Callable[[], Iterable]] = None, precomputed=None,
-                           group: Optional[BuildGroup] = None, index_template=None,
-                           manifest_extra: Optional[dict] = None) -> KnowledgeSource:
+                           index_template=None, manifest_extra: Optional[dict] = None,
+                           group: Optional[BuildGroup] = None) -> KnowledgeSource:
     """Build (or resume building) a knowledge source in ``out_dir``.
 
     ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
@@ -117,19 +128,19 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     reading ``settings.passages`` (which still name the input files, for the fingerprint).
     ``precomputed``: a :class:`~rag_plugin.build.precomputed.PrecomputedVectors`, document
     vectors computed elsewhere, in place of ``encoder``.
-    ``group``: the processes the build is split over (default: this one); only rank 0 logs and shows progress.
     ``index_template``: an empty FAISS index whose quantizer is already trained (an update keeps its
     source's), copied and given the vectors instead of training one. ``manifest_extra``: more manifest entries.
+    ``group``: the processes the build is split over (default: this one); only rank 0 logs and shows progress.
     """
     group = group or BuildGroup()
     if precomputed is not None and (encoder is not None or reuse_vectors_from):
         raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
     if precomputed is not None and group.world > 1:
         raise ValueError("precomputed vectors are placed by one process: build with one")
+    hooks = _Hooks(reuse_vectors_from, collection, precomputed, index_template, manifest_extra)
     build = _build if group.is_main else _build.__wrapped__  # rank 0 alone cleans up after bad input
     return build(out_dir, settings, encoder, shard_size, batch_size, restart, progress and group.is_main,
-                 log if group.is_main else _quiet, reuse_vectors_from, collection, precomputed, group,
-                 index_template, manifest_extra)
+                 log if group.is_main else _quiet, hooks, group)
 
 
 def _quiet(message: str) -> None:
@@ -138,28 +149,27 @@ def _quiet(message: str) -> None:
 
 @discard_unstarted_build_on_error
 def _build(out_dir, settings: BuildSettings, encoder, shard_size: int, batch_size: int, restart: bool,
-           progress: bool, log, reuse_vectors_from, collection, precomputed, group: BuildGroup,
-           index_template=None, manifest_extra: Optional[dict] = None) -> KnowledgeSource:
+           progress: bool, log, hooks: _Hooks, group: BuildGroup) -> KnowledgeSource:
     """The stages, in order, each on rank 0 or on every rank (:class:`BuildGroup`)."""
     out = Path(out_dir)
     prepared, plan = group.on_main(lambda: _prepare(out, settings, encoder, shard_size, batch_size, restart,
-                                                    collection, precomputed, progress, log, group.world))
+                                                    hooks, progress, log, group.world))
     if plan.done:
         return KnowledgeSource(str(out))
-    run = _Run(out, settings, plan.shard_size, plan.batch_size, progress, log, group, index_template)
-    if precomputed is not None:
-        vectors = _place_vectors(run, prepared.store, precomputed)
+    run = _Run(out, settings, plan.shard_size, plan.batch_size, progress, log, group, hooks.index_template)
+    if hooks.precomputed is not None:
+        vectors = _place_vectors(run, prepared.store, hooks.precomputed)
     else:
-        vectors = _embed_vectors(run, plan, prepared, encoder, reuse_vectors_from)
+        vectors = _embed_vectors(run, plan, prepared, encoder, hooks.reuse_vectors_from)
     index_factory, index_extra = _write_index(run, vectors.array)
-    index_extra = {**index_extra, **(manifest_extra or {})}
-    group.on_main(lambda: (_finish(run, prepared, vectors, index_factory, index_extra, precomputed), None))
+    group.on_main(lambda: (_finish(run, prepared, vectors, index_factory, index_extra, hooks), None))
     return KnowledgeSource(str(out))
 
 
 def _prepare(out: Path, settings: BuildSettings, encoder, shard_size: int, batch_size: int, restart: bool,
-             collection, precomputed, progress: bool, log, world: int) -> Tuple[Optional[_Prepared], _Plan]:
+             hooks: _Hooks, progress: bool, log, world: int) -> Tuple[Optional[_Prepared], _Plan]:
     """Rank 0, before any vector is made: the checks, the build state, the passage store and the plan."""
+    precomputed = hooks.precomputed
     stages.check_passage_files(settings)
     fingerprint = settings.fingerprint()
     mode, recorded = check_out_dir(out, fingerprint, restart)
@@ -172,8 +182,8 @@ def _prepare(out: Path, settings: BuildSettings, encoder, shard_size: int, batch
         encoder, identity = _encoder_and_identity(settings, encoder, identity)
         fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(identity)}
     shard_size = stages.start_build_state(out, mode, recorded, fingerprint, shard_size, log)
-    store = stages.write_passage_store(out, settings, collection, tokenizer, input_format, fingerprint["passages"],
-                                       progress, log)
+    store = stages.write_passage_store(out, settings, hooks.collection, tokenizer, input_format,
+                                       fingerprint["passages"], progress, log)
     shard_bounds(len(store), settings.num_shards)  # more index shards than passages: refused before embedding
     starts, todo = _chunks(out, store, shard_size, None if precomputed is not None else int(encoder.dim))
     if precomputed is None:
@@ -184,11 +194,12 @@ def _prepare(out: Path, settings: BuildSettings, encoder, shard_size: int, batch
 
 
 def _finish(run: _Run, prepared: _Prepared, vectors: _Vectors, index_factory: str, index_extra: dict,
-            precomputed) -> None:
+            hooks: _Hooks) -> None:
     """Rank 0, last: the tokenizer files, the manifest, and the build state removed."""
     out, settings, store = run.out, run.settings, prepared.store
     tok_files = stages.copy_tokenizer_files(out, settings, prepared.tokenizer)
-    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra}
+    extra = {**(hooks.precomputed.manifest_entries() if hooks.precomputed is not None else {}), **index_extra,
+             **(hooks.manifest_extra or {})}
     dim = int(vectors.array.shape[1])
     stages.write_manifest(out, settings, store, vectors.identity, dim, prepared.fingerprint, index_factory,
                           tok_files, vectors.seconds, extra)
@@ -201,9 +212,9 @@ def _finish(run: _Run, prepared: _Prepared, vectors: _Vectors, index_factory: st
 def _write_index(run: _Run, vectors: np.ndarray) -> Tuple[str, dict]:
     """The index (one file, or ``settings.num_shards`` shards): its factory and the manifest entries it adds.
     One file is built by rank 0; shards by their builders (:func:`shard_builders`) from one template index
-    trained by rank 0 (or the template an update keeps, ``run.index_template``)."""
+    trained by rank 0."""
     settings, group = run.settings, run.group
-    if run.index_template is not None:
+    if run.index_template is not None:  # an update's trained quantizer, kept in .build/trained.faiss
         group.on_main(lambda: (stages.keep_template(run.out, run.index_template), None))
     if settings.num_shards == 1:
         _, factory = group.on_main(lambda: (None, stages.write_index(run.out, settings, vectors, run.progress,
