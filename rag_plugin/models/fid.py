@@ -69,6 +69,13 @@ class FidModel(RagModel):
         cfg.freeze_query_encoder = True  # no gradient reaches it: no graph, no optimizer state
         return super().build_model(cfg, task)
 
+    def train(self, mode: bool = True):
+        """The fixed query encoder stays in eval mode: no dropout in the retrieval of training batches."""
+        super().train(mode)
+        if self.query_encoder is not None:
+            self.query_encoder.eval()
+        return self
+
     def fused_encode(self, src_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
                      fixed_doc_scores=None, n_docs: Optional[int] = None):
         """Retrieve, encode each (question, passage) pair once, concatenate per question.

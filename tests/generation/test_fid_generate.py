@@ -142,7 +142,6 @@ def test_attention_shares_against_fairseq_per_layer_attention(fid):
     are the generator's. Before normalising they already sum to 1 (padding gets no attention)."""
     task, model, sample = fid
     hypos = _generate(task, model, sample, beam=2)
-    b = len(hypos)
     with torch.no_grad():
         out = _fused(model, sample)
         length = out["encoder_out"][0].size(0) // K

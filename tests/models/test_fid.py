@@ -119,7 +119,8 @@ def test_fairseq_cross_entropy_criteria_train_fid(tiny_world):
 def test_no_gradient_reaches_the_query_encoder(tiny_world):
     task = _task(tiny_world, split="train")
     model = _fid(task).train()
-    assert model.query_encoder is not None
+    assert model.query_encoder is not None and model.generator.training
+    assert not model.query_encoder.training  # fixed: retrieval without dropout in training too
     assert not any(p.requires_grad for p in model.query_encoder.parameters())
     loss, _, _ = CrossEntropyCriterion(task, sentence_avg=False)(model, _batch(task, "train"))
     loss.backward()
