@@ -6,6 +6,7 @@ CONSOLE_SCRIPTS = [
     "rag-generate = rag_plugin.cli.fairseq_commands:generate",      # fairseq-generate with the plugin loaded
     "rag-user-dir = rag_plugin.cli.fairseq_commands:user_dir",      # the plugin's folder, for --user-dir
     "rag-build-knowledge = rag_plugin.cli.build_knowledge:main",
+    "rag-update-knowledge = rag_plugin.cli.update_knowledge:main",
     "rag-import-knowledge = rag_plugin.cli.import_knowledge:main",
     "rag-search = rag_plugin.cli.search:main",
     "rag-prepare = rag_plugin.cli.prepare:main",

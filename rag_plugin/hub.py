@@ -47,9 +47,12 @@ class RAG:
     @classmethod
     def from_pretrained(cls, checkpoint: str, knowledge: Optional[str] = None, n_docs: Optional[int] = None,
                         rag_decoding: Optional[str] = None, retriever: Optional[str] = None,
-                        nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> "RAG":
+                        nprobe: Optional[int] = None, ef_search: Optional[int] = None,
+                        private_index: bool = False) -> "RAG":
         """``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index. With ``knowledge`` (a hot
-        swap) the checkpoint's own settings, made for its index, are dropped: only these apply."""
+        swap) the checkpoint's own settings, made for its index, are dropped: only these apply.
+        ``private_index``: read a private copy of the FAISS index instead of mapping it shared (the default:
+        every process on the machine that maps it shares one copy)."""
         from rag_plugin.util.quiet_import import import_fairseq_quietly
 
         import_fairseq_quietly()
@@ -76,6 +79,7 @@ class RAG:
                 cfg.task.rag_decoding = rag_decoding
             if retriever is not None:
                 cfg.task.retriever = retriever
+            cfg.task.private_index = bool(private_index)
         if knowledge is None and cfg.task.get("knowledge") and not Path(cfg.task.knowledge).is_dir():
             # the path as typed for fairseq-train (relative to where it ran): the model records it resolved
             recorded = json.loads((state["model"].get("_extra_state") or {}).get("knowledge") or "{}").get("knowledge")
@@ -89,6 +93,19 @@ class RAG:
         model = task.build_model(cfg.model)
         model.load_state_dict(state["model"], strict=True)
         return cls(task, model)
+
+    @property
+    def version(self) -> int:
+        """The version of the knowledge source this model reads (kept until :meth:`reload`)."""
+        return self.task.knowledge.version
+
+    def reload(self) -> int:
+        """Read the knowledge source's current version from now on (after ``rag-update-knowledge``; the
+        version opened so far is kept until then, whatever is switched). Returns the version now read."""
+        version = self.task.reopen_knowledge()
+        context = self.task.retrieval_context(self.model.cfg)
+        self.model.context, self.model.retriever = context, context.retriever
+        return version
 
     @property
     def tokenizer(self):

@@ -16,7 +16,7 @@ def _name(rng, n=3):
 
 
 def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.build import build_knowledge_source
     from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
 
     rng = np.random.default_rng(seed)
@@ -42,8 +42,24 @@ def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
     text = [p["text"] for p in passages] + [r["input"] for r in records]
     train_spm(text * 3, root / "spm.model", root / "spm.vocab", vocab_size=100, byte_fallback=False)
     write_fairseq_dict_from_spm(root / "spm.model", root / "dict.txt")
-    settings = BuildSettings(passages=str(root / "passages.jsonl"),
-                             encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=0",
-                             index_factory="Flat", dict=str(root / "dict.txt"), bpe_model=str(root / "spm.model"))
-    build_knowledge_source(str(root / "ks"), settings, progress=False, log=lambda m: None)
+    build_knowledge_source(str(root / "ks"), world_settings(root), progress=False, log=lambda m: None)
     return {"root": root, "data": data, "ks": root / "ks", "countries": countries}
+
+
+def world_settings(root: Path, num_shards: int = 1):
+    """The build settings of the world's knowledge source (its index in ``num_shards`` shards)."""
+    from rag_plugin.build import BuildSettings
+
+    return BuildSettings(passages=str(root / "passages.jsonl"),
+                         encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=0", index_factory="Flat",
+                         dict=str(root / "dict.txt"), bpe_model=str(root / "spm.model"), num_shards=num_shards)
+
+
+def sharded_knowledge(world: dict, num_shards: int) -> Path:
+    """The world's knowledge source built again with its index in ``num_shards`` shards (once per world)."""
+    from rag_plugin.build import build_knowledge_source
+
+    out = world["root"] / f"ks_{num_shards}_shards"
+    if not (out / "manifest.json").is_file():
+        build_knowledge_source(str(out), world_settings(world["root"], num_shards), progress=False, log=lambda m: None)
+    return out

@@ -35,6 +35,7 @@ from rag_plugin.build.output_dir import (
     shards_dir,
 )
 from rag_plugin.build.settings import ENCODER_IDENTITY, BuildSettings, passage_side
+from rag_plugin.build.sharding import write_shards
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import BUILD_DIR, KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
@@ -50,6 +51,7 @@ class _Run:
     batch_size: int
     progress: bool
     log: Callable[[str], None]
+    index_template: object = None
 
 
 @dataclass
@@ -65,8 +67,8 @@ class _Vectors:
 def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
                            shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
                            progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None,
-                           collection: Optional[Callable[[], Iterable]] = None, precomputed=None
-                           ) -> KnowledgeSource:
+                           collection: Optional[Callable[[], Iterable]] = None, precomputed=None,
+                           index_template=None, manifest_extra: Optional[dict] = None) -> KnowledgeSource:
     """Build (or resume building) a knowledge source in ``out_dir``.
 
     ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
@@ -75,6 +77,8 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     reading ``settings.passages`` (which still name the input files, for the fingerprint).
     ``precomputed``: a :class:`~rag_plugin.build.precomputed.PrecomputedVectors`, document
     vectors computed elsewhere, in place of ``encoder``.
+    ``index_template``: an empty FAISS index whose quantizer is already trained (an update keeps its
+    source's), copied and given the vectors instead of training one. ``manifest_extra``: more manifest entries.
     """
     if precomputed is not None and (encoder is not None or reuse_vectors_from):
         raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
@@ -91,22 +95,44 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
         encoder, identity = _encoder_and_identity(settings, encoder, identity)
         fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(identity)}
     shard_size = stages.start_build_state(out, mode, recorded, fingerprint, shard_size, log)
-    run = _Run(out, settings, shard_size, batch_size, progress, log)
+    run = _Run(out, settings, shard_size, batch_size, progress, log, index_template)
     store = stages.write_passage_store(out, settings, collection, tokenizer, input_format, fingerprint["passages"],
                                        progress, log)
     if precomputed is not None:
         vectors = _place_vectors(run, store, precomputed)
     else:
         vectors = _embed_vectors(run, store, encoder, identity, reuse_vectors_from)
-    index_factory = stages.write_index(out, settings, vectors.array, progress, log)
+    index_factory, index_extra = _write_index(run, vectors.array)
     tok_files = stages.copy_tokenizer_files(out, settings, tokenizer)
-    extra = precomputed.manifest_entries() if precomputed is not None else None
+    extra = {**(precomputed.manifest_entries() if precomputed is not None else {}), **index_extra,
+             **(manifest_extra or {})}
     dim = int(vectors.array.shape[1])
     stages.write_manifest(out, settings, store, vectors.identity, dim, fingerprint, index_factory, tok_files,
                           vectors.seconds, extra)
     shutil.rmtree(out / BUILD_DIR, ignore_errors=True)
-    log(f"{out}: {len(store)} passages, dim {dim}, index {index_factory}")
+    shards = f" in {settings.num_shards} shards" if settings.num_shards > 1 else ""
+    log(f"{out}: {len(store)} passages, dim {dim}, index {index_factory}{shards}")
     return KnowledgeSource(str(out))
+
+
+def _write_index(run: _Run, vectors: np.ndarray) -> Tuple[str, dict]:
+    """The index (one file, or ``settings.num_shards`` shards): its factory and the manifest entries it adds."""
+    settings = run.settings
+    if run.index_template is not None:
+        stages.keep_template(run.out, run.index_template)
+    if settings.num_shards == 1:
+        factory = stages.write_index(run.out, settings, vectors, run.progress, run.log)
+        return factory, {"index_bytes": (run.out / "index.faiss").stat().st_size}
+    entries = write_shards(run.out, vectors, settings.index_factory, settings.num_shards, settings.train_size,
+                           settings.seed, run.progress, run.log)
+    return settings.index_factory, {"index_bytes": sum(e.index_bytes for e in entries),
+                                    "shards": [e.to_json() for e in entries]}
+
+
+def _vectors_file(settings: BuildSettings) -> str:
+    """Where the gathered vectors go: ``vectors.npy`` of the source, or a scratch file when they are cut into
+    index shards (each shard keeps its own rows)."""
+    return "vectors.npy" if settings.num_shards == 1 else f"{BUILD_DIR}/vectors.npy"
 
 
 def _encoder_and_identity(settings: BuildSettings, encoder, identity: Optional[dict]) -> Tuple[object, dict]:
@@ -152,7 +178,8 @@ def _embed_vectors(run: _Run, store: PassageStore, encoder, identity: dict,
     seconds = embed_shards(store, shards, todo, run.shard_size, encoder, run.batch_size, reuse, run.progress)
     if reuse is not None:
         run.log(f"reused the vectors of {reuse.reused} unchanged passages from {reuse_vectors_from}")
-    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim), identity, seconds)
+    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim,
+                                   _vectors_file(run.settings)), identity, seconds)
 
 
 def _place_vectors(run: _Run, store: PassageStore, precomputed) -> _Vectors:
@@ -162,5 +189,5 @@ def _place_vectors(run: _Run, store: PassageStore, precomputed) -> _Vectors:
     stages.place_precomputed(precomputed, store, shards, starts, run.shard_size, todo, run.progress, run.log)
     dim = int(precomputed.dim)
     _check_factory(run, dim, len(store))
-    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim),
-                    precomputed.identity(), 0.0)
+    return _Vectors(gather_vectors(run.out, shards, starts, run.shard_size, len(store), dim,
+                                   _vectors_file(run.settings)), precomputed.identity(), 0.0)

@@ -105,12 +105,14 @@ def embed_shards(store: PassageStore, shards: Path, todo: List[int], shard_size:
     return time.perf_counter() - t0
 
 
-def gather_vectors(out: Path, shards: Path, starts: List[int], shard_size: int, n: int, dim: int) -> np.ndarray:
-    """All shards in one memory-mappable ``out/vectors.npy`` (written atomically); returns its memory map."""
-    with atomic_path(out / "vectors.npy") as tmp:
+def gather_vectors(out: Path, shards: Path, starts: List[int], shard_size: int, n: int, dim: int,
+                   name: str = "vectors.npy") -> np.ndarray:
+    """All shards in one memory-mappable ``out/vectors.npy`` (``name``; written atomically); returns its
+    memory map."""
+    with atomic_path(out / name) as tmp:
         vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
         for s in starts:
             vectors[s:s + shard_size] = np.load(shard_path(shards, s), allow_pickle=False)
         vectors.flush()
         del vectors
-    return np.load(out / "vectors.npy", mmap_mode="r")
+    return np.load(out / name, mmap_mode="r")

@@ -178,10 +178,7 @@ def use_index_file(path: str, vectors: np.ndarray, log: Callable[[str], None] = 
     dimension, inner-product metric, and (where the index can reconstruct vectors) a spot check
     that its rows are the vectors' rows. Returns the loaded index."""
     faiss = faiss_index._faiss()
-    try:
-        index = faiss_index.read_index(path, mmap=True)
-    except UserError:
-        index = faiss_index.read_index(path)
+    index = faiss_index.read_index(path, shared=True)
     n, dim = vectors.shape
     if index.d != dim or index.ntotal != n:
         raise UserError(f"index holds {index.ntotal} vectors of dimension {index.d}, the passages are {n} "

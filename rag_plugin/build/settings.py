@@ -32,12 +32,15 @@ class BuildSettings:
     seed: int = 0
     input_format: Optional[dict] = None  # InputFormat.identity() the passages are pre-tokenized for
     index_file: Optional[str] = None      # an existing FAISS index over these rows, used as is
+    num_shards: int = 1                   # the index written in this many shards (retrieval/shards.py)
 
     def fingerprint(self) -> dict:
         out = asdict(self)
         for key in ("input_format", "index_file"):  # absent when unset: older builds keep their fingerprint
             if out[key] is None:
                 del out[key]
+        if self.num_shards == 1:
+            del out["num_shards"]
         if self.index_file:
             out["index_file_sha256"] = sha256_file(self.index_file)
             out["index_file"] = str(Path(self.index_file).resolve())

@@ -5,7 +5,6 @@ files, and the manifest, written last.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +24,11 @@ TOKENIZER_KEYS = ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe")
 
 
 def check_passage_files(settings: BuildSettings) -> None:
+    if settings.num_shards < 1:
+        raise UserError(f"--num-shards must be at least 1, got {settings.num_shards}", fix="use --num-shards 1 or more")
+    if settings.num_shards > 1 and settings.index_file:
+        raise UserError("an existing FAISS index (--faiss-index) cannot be cut into shards",
+                        fix="leave out --num-shards, or leave out --faiss-index to build sharded indexes")
     for path in passage_files(settings):
         if not Path(path).is_file():
             raise UserError("passages file not found", path=path,
@@ -106,10 +110,29 @@ def write_index(out: Path, settings: BuildSettings, vectors: np.ndarray, progres
         with atomic_path(out / "index.faiss") as tmp:
             shutil.copyfile(settings.index_file, tmp)
         return index_factory
-    index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
-                                    seed=settings.seed, progress=progress)
+    template = out / BUILD_DIR / TEMPLATE
+    if template.is_file():  # a quantizer trained before (an update keeps its source's): not trained again
+        index = faiss_index.read_index(str(template))
+        faiss_index.add_vectors(index, vectors, f"index {settings.index_factory}", progress=progress)
+    else:
+        index = faiss_index.build_index(vectors, settings.index_factory, train_size=settings.train_size,
+                                        seed=settings.seed, progress=progress)
     faiss_index.write_index(index, str(out / "index.faiss"))
     return settings.index_factory
+
+
+#: ``.build/trained.faiss``: the empty, trained index the index (or every index shard) is a copy of
+TEMPLATE = "trained.faiss"
+
+
+def keep_template(out: Path, template) -> None:
+    """Record ``template`` (an empty index with a trained quantizer) as the one to copy, unless a resumed
+    build recorded it already."""
+    path = out / BUILD_DIR / TEMPLATE
+    if not path.is_file():
+        empty = faiss_index._faiss().clone_index(template)
+        empty.reset()
+        faiss_index.write_index(empty, str(path))
 
 
 def copy_tokenizer_files(out: Path, settings: BuildSettings, tokenizer) -> dict:
@@ -143,7 +166,6 @@ def write_manifest(out: Path, settings: BuildSettings, store: PassageStore, iden
         "dim": dim,
         "metric": "inner_product",
         "index_factory": index_factory,
-        "index_bytes": os.path.getsize(out / "index.faiss"),
         "encoder_spec": settings.encoder,
         "encoder": identity,
         "pooling": identity.get("pooling"),

@@ -28,12 +28,16 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--encoder", default="minilm", help="document encoder: minilm | dpr:CHECKPOINT | hf-dpr:DIR")
     p.add_argument("--index-factory", default="Flat",
                    help="FAISS factory string, inner-product metric: Flat, HNSW32, IVF4096,SQ8, IVF256,PQ32 ...")
+    p.add_argument("--num-shards", type=int, default=1,
+                   help="write the index in this many shards (contiguous row ranges, each a complete index with its "
+                        "vectors), to be held by different processes or nodes (README 'Scaling out')")
     p.add_argument("--split-words", type=int, default=None,
                    help="split documents into passages of this many words (the paper uses 100)")
     add_tokenizer_arguments(p, "plugin", "the one the model reads")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
     p.add_argument("--shard-size", type=int, default=2048,
-                   help="passages per embedding shard (the unit of resume; a resumed build keeps its own)")
+                   help="passages per embedding chunk (the unit of resume and of a distributed build's work; a resumed "
+                        "build keeps its own); not the index shards (--num-shards)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads; unset: all CPUs")
     p.add_argument("--reuse-vectors-from", default=None, metavar="KS_DIR",
@@ -61,7 +65,7 @@ def main(argv=None) -> int:
     settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
                              split_words=args.split_words, dict=args.dict, bpe_model=args.bpe_model,
                              gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
-                             train_size=args.train_size, seed=args.seed,
+                             train_size=args.train_size, seed=args.seed, num_shards=args.num_shards,
                              input_format=InputFormat.parse(args.input_format).identity())
     build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
                            restart=args.restart, progress=not args.quiet, reuse_vectors_from=args.reuse_vectors_from,

@@ -72,6 +72,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="questions encoded and searched at once")
     p.add_argument("--nprobe", type=int, default=None, help="IVF lists to visit")
     p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
+    p.add_argument("--private-index", action="store_true",
+                   help="read a private copy of the FAISS index (default: mapped read-only, shared by the processes "
+                        "of this machine)")
     p.add_argument("--bm25", action="store_true", help="BM25 over the passage texts instead of the dense index")
     p.add_argument("--kilt-out", default=None, metavar="FILE",
                    help="also write the hits as KILT JSONL (one record per question) for rag-evaluate")
@@ -96,7 +99,8 @@ def _retriever(args):
 
     if args.bm25:
         return BM25Retriever.from_dir(args.knowledge)
-    return DenseRetriever.from_dir(args.knowledge, nprobe=args.nprobe, ef_search=args.ef_search)
+    return DenseRetriever.from_dir(args.knowledge, nprobe=args.nprobe, ef_search=args.ef_search,
+                                   index_mode="private" if args.private_index else "shared")
 
 
 def search(args, out, kilt) -> None:

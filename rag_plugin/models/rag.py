@@ -322,6 +322,7 @@ class RagModel(BaseFairseqModel):
         trained = json.loads(state.get("knowledge") or "{}")
         self.context.check_trained_encoder(trained.get("encoder"))
         self._check_generator_tokenizer(trained.get("tokenizer"))
+        self._note_newer_version(trained)
         saved = state.get("variant")
         check_model_family(saved, self.variant)
         if saved and saved != self.variant:  # a resume with another --arch, or a deliberate fine-tune
@@ -329,6 +330,16 @@ class RagModel(BaseFairseqModel):
                            "the same, the marginalisation is not", saved.capitalize(), self.variant.capitalize())
         if trained:
             self.knowledge_identity = trained
+
+    def _note_newer_version(self, trained: dict) -> None:
+        """A warning (not an error: same document encoder) when the knowledge source the model was trained on
+        has been updated since (rag-update-knowledge) and this model now reads a newer version."""
+        now = self.knowledge_identity or {}
+        if trained.get("knowledge") and trained.get("knowledge") == now.get("knowledge") and \
+                int(now.get("version") or 1) > int(trained.get("version") or 1):
+            logger.warning("%s: the checkpoint was trained on version %s of this knowledge source; it now reads "
+                           "version %s (same document encoder, updated passages)", now["knowledge"],
+                           trained.get("version") or 1, now["version"])
 
     def _check_generator_tokenizer(self, trained: Optional[dict]) -> None:
         """A swapped knowledge source must pre-tokenize with the generator's own dictionary and subword

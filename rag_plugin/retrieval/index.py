@@ -7,6 +7,7 @@ vectors. ``nprobe`` (IVF) and ``efSearch`` (HNSW) are set at search time.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Optional, Tuple
@@ -15,6 +16,8 @@ import numpy as np
 
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path
+
+logger = logging.getLogger(__name__)
 
 
 def _faiss():
@@ -32,6 +35,14 @@ def set_faiss_threads(n: Optional[int] = None) -> None:
 def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, seed: int = 0,
                 add_batch: int = 65536, progress: bool = True):
     """Build an inner-product index over ``vectors`` [N, D] float32 from a factory string."""
+    index = trained_index(vectors, factory, train_size, seed)
+    add_vectors(index, vectors, f"index {factory}", add_batch, progress)
+    return index
+
+
+def trained_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, seed: int = 0):
+    """An empty inner-product index from a factory string, its quantizer (if any) trained on a random
+    sample of at most ``train_size`` of ``vectors``: the template every shard of a collection is a copy of."""
     faiss = _faiss()
     n, dim = vectors.shape
     try:
@@ -46,10 +57,16 @@ def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, se
             rng = np.random.default_rng(seed)
             sample = vectors[np.sort(rng.choice(n, size=train_size, replace=False))]
         index.train(np.ascontiguousarray(sample, dtype=np.float32))
+    return index
+
+
+def add_vectors(index, vectors: np.ndarray, desc: str, add_batch: int = 65536, progress: bool = True) -> None:
+    """Add ``vectors`` to ``index`` in batches (read from a memory map a batch at a time)."""
+    n = len(vectors)
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=n, desc=f"index {factory}", unit=" vec", mininterval=1.0)
+        bar = tqdm(total=n, desc=desc, unit=" vec", mininterval=1.0)
     for start in range(0, n, add_batch):
         chunk = np.ascontiguousarray(vectors[start:start + add_batch], dtype=np.float32)
         index.add(chunk)
@@ -57,7 +74,6 @@ def build_index(vectors: np.ndarray, factory: str, train_size: int = 100_000, se
             bar.update(len(chunk))
     if bar is not None:
         bar.close()
-    return index
 
 
 def _faiss_reason(err: RuntimeError) -> str:
@@ -114,33 +130,43 @@ def search(index, queries: np.ndarray, k: int, threads: Optional[int] = None) ->
     if k > index.ntotal:
         raise UserError(f"k={k} is larger than the collection ({index.ntotal} passages)",
                         fix=f"ask for at most {index.ntotal}")
+    scores, rows = search_unchecked(index, queries, k, threads)
+    _check_all_found(index, rows, k)
+    return scores, rows
+
+
+def search_unchecked(index, queries: np.ndarray, k: int, threads: Optional[int] = None
+                     ) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`search` without the checks on ``k`` and on unfilled results (row -1): for one shard of a
+    collection, whose caller asks for at most its size and checks the merged result."""
     if queries.ndim != 2 or queries.shape[1] != index.d:
         raise UserError(f"query vectors have dimension {queries.shape[-1]}, the index {index.d}",
                         fix="use the query encoder that matches the knowledge source's document encoder")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if threads is None:
-        scores, rows = index.search(queries, k)
-    else:
-        faiss = _faiss()
-        before = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(max(1, int(threads)))
-        try:
-            scores, rows = index.search(queries, k)
-        finally:
-            faiss.omp_set_num_threads(before)
-    _check_all_found(index, rows, k)
-    return scores, rows
+        return index.search(queries, k)
+    faiss = _faiss()
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, int(threads)))
+    try:
+        return index.search(queries, k)
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def _check_all_found(index, rows: np.ndarray, k: int) -> None:
     """FAISS marks a result it could not fill with row -1 (score -3.4e38): an IVF index whose
     ``nprobe`` probed lists hold fewer than ``k`` vectors. Row -1 would read as the last passage
     everywhere downstream (numpy indexing), so it is refused here, for every caller."""
+    check_all_found(rows, k, getattr(_ivf_of(index), "nprobe", None))
+
+
+def check_all_found(rows: np.ndarray, k: int, nprobe: Optional[int] = None) -> None:
+    """Refuse results with unfilled places (row -1); see :func:`_check_all_found`."""
     missing = rows < 0
     if missing.any():
         query = int(np.flatnonzero(missing.any(axis=1))[0])
         found = int((~missing[query]).sum())
-        nprobe = getattr(_ivf_of(index), "nprobe", None)
         setting = f" with nprobe={nprobe}" if nprobe is not None else ""
         raise UserError(f"the index found only {found} of the k={k} passages asked for (query {query} of the "
                         f"batch){setting}: the probed lists hold too few vectors",
@@ -180,18 +206,60 @@ def write_index(index, path: str) -> None:
         faiss.write_index(index, str(tmp))
 
 
-def read_index(path: str, mmap: bool = False):
+#: How :func:`read_index` loads an index: mapped so that every process on a node shares its pages, or a
+#: private copy in this process's memory.
+SHARED, PRIVATE = "shared", "private"
+
+
+def read_index(path: str, shared: bool = False):
+    """Read a FAISS index; ``shared=True`` maps it (:func:`map_index`), else a private copy."""
+    index, _ = read_index_as(path, SHARED if shared else PRIVATE)
+    return index
+
+
+def read_index_as(path: str, mode: str = SHARED, warn=None):
+    """``(index, how)``: the index at ``path`` read as ``mode`` (``"shared"`` or ``"private"``) and how it was
+    actually read (``"shared"`` or ``"private"``).
+
+    Shared: mapped read-only from the page cache, so N processes on a node hold one copy. FAISS has two
+    flags: ``IO_FLAG_MMAP_IFC`` maps the codes of Flat, SQ, PQ and HNSW indexes (and, with ``IO_FLAG_MMAP``
+    as well, those inside an ID map or a pre-transform), ``IO_FLAG_MMAP`` alone maps only IVF inverted
+    lists, which refuse the combination ("mmap only supported for File objects"); so the combination is
+    tried first, then ``IO_FLAG_MMAP_IFC`` alone. A FAISS without ``IO_FLAG_MMAP_IFC`` (older than 1.8) can
+    share IVF lists only. Where no flag can map the index, ``warn`` (default: the logger) is told in one
+    line and a private copy is read instead: never a crash."""
     faiss = _faiss()
     p = Path(path)
     if not p.is_file():
         raise UserError("FAISS index file missing", path=str(p),
                         fix="rebuild the knowledge source with rag-build-knowledge")
-    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    if mode not in (SHARED, PRIVATE):
+        raise ValueError(f"mode must be {SHARED!r} or {PRIVATE!r}, got {mode!r}")
+    if mode == SHARED:
+        for flags in _sharing_flags(faiss):
+            try:
+                return faiss.read_index(str(p), flags), SHARED
+            except RuntimeError:
+                continue
     try:
-        return faiss.read_index(str(p), flags)
+        index = faiss.read_index(str(p), 0)
     except RuntimeError:
         raise UserError("FAISS index file is corrupted or truncated", path=str(p),
                         fix="rebuild the knowledge source") from None
+    if mode == SHARED:
+        (warn or logger.warning)(f"{p}: FAISS {getattr(faiss, '__version__', '?')} cannot map a "
+                                 f"{type(faiss.downcast_index(index)).__name__} index to share it between "
+                                 "processes: this process holds a private copy")
+    return index, PRIVATE
+
+
+def _sharing_flags(faiss):
+    """The FAISS read flags that map an index read-only, most sharing first."""
+    read_only = faiss.IO_FLAG_READ_ONLY
+    ifc = getattr(faiss, "IO_FLAG_MMAP_IFC", None)
+    if ifc is None:
+        return [faiss.IO_FLAG_MMAP | read_only]
+    return [ifc | faiss.IO_FLAG_MMAP | read_only, ifc | read_only]
 
 
 def index_bytes(index) -> int:

@@ -6,6 +6,7 @@ Directory layout (``KS_DIR``)::
     vectors.npy      float32 [N, D] document vectors d(z), memory-mapped; the model
                      recomputes q.d from them so gradients reach the query encoder
     index.faiss      the MIPS index over the same vectors
+    shards/          instead of the two above in a source built in S shards (see shards.py)
     tokenizer/       the generator tokenizer files the passages were pre-tokenized with (if any)
     manifest.json    written LAST: encoder identity (and weights hash), dimension, pooling,
                      count, factory, passage-store hash. No manifest, no knowledge source.
@@ -17,6 +18,11 @@ vectors computed elsewhere (``rag-import-knowledge``). An imported source whose 
 is not known records ``"kind": "imported"`` as its ``encoder`` (with the vectors' dimension and
 fingerprint), where the vectors came from (``imported_vectors``) and the query encoder to use
 (``query_encoder``, loaded from ``encoder_spec``).
+
+Every file is mapped read-only, so the processes of a node share one copy in the page cache: the passage
+store and the vectors always, the FAISS index by default (``index_mode="private"`` reads a private copy,
+:func:`rag_plugin.retrieval.index.read_index_as`). Files are never written in place: a rebuild writes new
+files and renames them, so a process keeps reading what it opened.
 """
 from __future__ import annotations
 
@@ -28,7 +34,10 @@ from typing import Optional
 import numpy as np
 
 from rag_plugin.retrieval import index as faiss_index
+from rag_plugin.retrieval import versions
+from rag_plugin.retrieval.parts import IndexPart, LocalSearch, RowVectors
 from rag_plugin.retrieval.passages import PassageStore
+from rag_plugin.retrieval.shards import ShardEntry, check_shard_files, read_entries
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -65,11 +74,15 @@ def refuse_pickles(directory: Path) -> None:
 class KnowledgeSource:
     """A loaded, verified knowledge source (see the module docstring for the layout)."""
 
-    def __init__(self, directory: str, mmap_index: bool = False):
-        d = Path(directory)
-        if not d.is_dir():
-            raise UserError("knowledge source directory not found", path=str(d),
+    def __init__(self, directory: str, index_mode: str = faiss_index.SHARED, version: Optional[int] = None):
+        """``directory``: the knowledge source (its current version is opened, and kept while this object
+        lives: see :mod:`rag_plugin.retrieval.versions`); ``version``: another of its versions."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise UserError("knowledge source directory not found", path=str(root),
                             fix="build one with rag-build-knowledge")
+        d, _ = versions.resolve(root, version)
+        self.root = root
         mpath = d / MANIFEST
         if not mpath.is_file():
             hint = ("its build did not finish: rerun the same rag-build-knowledge (or rag-import-knowledge) "
@@ -85,30 +98,23 @@ class KnowledgeSource:
             raise UserError("manifest is corrupted or of an unknown format", path=str(mpath),
                             fix="rebuild the knowledge source") from None
         self.directory = d
+        self.version = int(self.manifest.get("version", 1))
+        self._in_use = versions.InUse(d)  # a shared lock: rag-update-knowledge --keep leaves this version alone
         refuse_pickles(d)
         self.passages = PassageStore(str(d / "passages"))
         if len(self.passages) != count or self.passages.sha256 != self.manifest["passage_store"]["sha256"]:
             raise UserError(f"passage store ({len(self.passages)} passages) does not match the "
                             f"manifest ({count} passages)", path=str(d / "passages"),
                             fix="the directory mixes two builds: rebuild the knowledge source")
-        vpath = d / "vectors.npy"
-        try:
-            self.vectors = np.load(vpath, mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            raise UserError("document vectors missing", path=str(vpath),
-                            fix="rebuild the knowledge source") from None
-        except ValueError as err:
-            if "allow_pickle" in str(err) or "Python objects" in str(err):
-                raise UserError("document vectors hold Python objects (a pickle); they were not loaded",
-                                path=str(vpath), fix="a knowledge source holds plain float32 arrays: "
-                                "rebuild it, or get it from a source you trust") from None
-            raise UserError("document vectors are corrupted or truncated", path=str(vpath),
-                            fix="rebuild the knowledge source") from None
-        if self.vectors.shape != (count, dim) or self.vectors.dtype != np.float32:
-            raise UserError(f"document vectors have shape {self.vectors.shape}, the manifest says "
-                            f"({count}, {dim})", path=str(vpath), fix="rebuild the knowledge source")
-        self._mmap_index = mmap_index
-        self._index = None
+        self.shards = read_entries(self.manifest, str(mpath))
+        if self.shards is None:
+            self.vectors = _load_vectors(d / "vectors.npy", count, dim)
+        else:
+            self.vectors = RowVectors([(e.start, e.end) for e in self.shards], dim, self._shard_vectors)
+        self.index_mode = index_mode
+        self._parts = {}
+        self._shard_arrays = {}
+        self._search_params = {}
 
     # ------------------------------------------------------------------ properties
     def __len__(self) -> int:
@@ -132,19 +138,61 @@ class KnowledgeSource:
         return self.passages.input_format
 
     @property
+    def num_shards(self) -> int:
+        return 1 if self.shards is None else len(self.shards)
+
+    @property
     def index(self):
-        if self._index is None:
-            path = self.directory / "index.faiss"
-            index = faiss_index.read_index(str(path), mmap=self._mmap_index)
-            if index.ntotal != len(self) or index.d != self.dim:
-                raise UserError(f"index holds {index.ntotal} vectors of dimension {index.d}, the "
-                                f"manifest says {len(self)} of {self.dim}", path=str(path),
-                                fix="rebuild the knowledge source")
-            self._index = index
-        return self._index
+        """The FAISS index of an unsharded source (a sharded one has :meth:`part` per shard)."""
+        if self.shards is not None:
+            raise ValueError(f"{self.directory} is sharded ({len(self.shards)} shards): use part(i) or local_search()")
+        return self.part(0).index
+
+    def part(self, number: int) -> IndexPart:
+        """Shard ``number`` (0 for an unsharded source), opened and checked on first use."""
+        if number not in self._parts:
+            if self.shards is None:
+                path, start, vectors = self.directory / "index.faiss", 0, self.vectors
+                rows, what = len(self), "index"
+            else:
+                entry = self.shards[number]
+                vectors = self._shard_vectors(number)
+                path, start, rows, what = self.directory / entry.index, entry.start, entry.rows, entry.describe()
+            index, how = faiss_index.read_index_as(str(path), self.index_mode)
+            if index.ntotal != rows or index.d != self.dim:
+                raise UserError(f"{what} holds {index.ntotal} vectors of dimension {index.d}, the manifest says "
+                                f"{rows} of {self.dim}", path=str(path), fix="rebuild the knowledge source")
+            if self._search_params:
+                faiss_index.set_search_params(index, **self._search_params)
+            self._parts[number] = IndexPart(index, vectors, start, how, str(path))
+        return self._parts[number]
+
+    def local_search(self, numbers=None) -> LocalSearch:
+        """Exact search over the shards ``numbers`` (default: all of them, merged) in this process."""
+        numbers = range(self.num_shards) if numbers is None else numbers
+        return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self.search_params.get("nprobe"))
+
+    def _shard_vectors(self, number: int) -> np.ndarray:
+        if number not in self._shard_arrays:
+            entry: ShardEntry = self.shards[number]
+            check_shard_files(self.directory, entry)
+            self._shard_arrays[number] = _load_vectors(self.directory / entry.vectors, entry.rows, self.dim,
+                                                       entry.describe())
+        return self._shard_arrays[number]
+
+    @property
+    def search_params(self) -> dict:
+        """The IVF ``nprobe`` / HNSW ``ef_search`` set on every shard (:meth:`set_search_params`)."""
+        return dict(self._search_params)
 
     def set_search_params(self, nprobe: Optional[int] = None, ef_search: Optional[int] = None):
-        faiss_index.set_search_params(self.index, nprobe=nprobe, ef_search=ef_search)
+        """IVF ``nprobe`` / HNSW ``efSearch`` for every shard (those opened now and those opened later);
+        checked against the first shard now."""
+        params = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
+        faiss_index.set_search_params(self.part(0).index, **params)
+        self._search_params.update(params)
+        for part in self._parts.values():
+            faiss_index.set_search_params(part.index, **params)
 
     def load_generator_tokenizer(self):
         """The generator tokenizer the passages were pre-tokenized with (copied into ``tokenizer/``)."""
@@ -210,3 +258,22 @@ class KnowledgeSource:
         if any((identity or {}).get(k) != recorded.get(k) for k in keys if k in recorded):
             raise UserError(f"{what} does not match {whose} ({recorded.get('name')}, dim {recorded.get('dim')})",
                             path=str(self.directory / MANIFEST), fix=fix)
+
+
+def _load_vectors(vpath: Path, count: int, dim: int, what: str = "document vectors") -> np.ndarray:
+    """The memory map of a float32 [count, dim] ``.npy`` file, refused if missing, damaged or a pickle."""
+    try:
+        vectors = np.load(vpath, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{what} missing", path=str(vpath), fix="rebuild the knowledge source") from None
+    except ValueError as err:
+        if "allow_pickle" in str(err) or "Python objects" in str(err):
+            raise UserError(f"{what} hold Python objects (a pickle); they were not loaded",
+                            path=str(vpath), fix="a knowledge source holds plain float32 arrays: "
+                            "rebuild it, or get it from a source you trust") from None
+        raise UserError(f"{what} are corrupted or truncated", path=str(vpath),
+                        fix="rebuild the knowledge source") from None
+    if vectors.shape != (count, dim) or vectors.dtype != np.float32:
+        raise UserError(f"{what} have shape {vectors.shape}, the manifest says ({count}, {dim})",
+                        path=str(vpath), fix="rebuild the knowledge source")
+    return vectors

@@ -190,6 +190,11 @@ def _read_passages(path: str, split_words: Optional[int] = None) -> Iterator[Tup
                         fix="point --passages at a non-empty collection")
 
 
+def read_numbered_passages(path: str, split_words: Optional[int] = None) -> Iterator[Tuple[int, Passage]]:
+    """``(line number, passage)`` of a passage file (as :func:`read_passages` reads it)."""
+    return _read_passages(path, split_words)
+
+
 def read_collection(paths: Sequence[str], split_words: Optional[int] = None) -> Iterator[Passage]:
     """Several passage files read in order as one collection (ids unique across all of them, a
     file given twice included)."""

@@ -69,13 +69,18 @@ def _check_k(k: int, n: int) -> None:
 
 
 class DenseRetriever:
-    """MIPS over a knowledge source with a (query) encoder."""
+    """MIPS over a knowledge source with a (query) encoder.
+
+    ``searcher``: what searches the index: by default this process searches every shard itself
+    (:meth:`KnowledgeSource.local_search`); in a distributed job, a
+    :class:`~rag_plugin.retrieval.collective.CollectiveSearch` over the shards the ranks hold."""
 
     trainable = True
 
-    def __init__(self, knowledge: KnowledgeSource, encoder=None):
+    def __init__(self, knowledge: KnowledgeSource, encoder=None, searcher=None):
         self.knowledge = knowledge
-        knowledge.index  # noqa: B018  (read and check the index first: a damaged one fails before a model loads)
+        # open and check the index first: a damaged one fails before a model loads
+        self.searcher = searcher if searcher is not None else knowledge.local_search()
         self.encoder = encoder if encoder is not None else knowledge.load_encoder()
         if int(self.encoder.dim) != knowledge.dim:
             raise UserError(f"encoder dimension {self.encoder.dim} does not match the index's "
@@ -83,9 +88,9 @@ class DenseRetriever:
                             fix="use the encoder the knowledge source was built with")
 
     @classmethod
-    def from_dir(cls, directory: str, nprobe: Optional[int] = None,
-                 ef_search: Optional[int] = None) -> "DenseRetriever":
-        ks = KnowledgeSource(directory)
+    def from_dir(cls, directory: str, nprobe: Optional[int] = None, ef_search: Optional[int] = None,
+                 index_mode: str = faiss_index.SHARED) -> "DenseRetriever":
+        ks = KnowledgeSource(directory, index_mode=index_mode)
         if nprobe is not None or ef_search is not None:
             ks.set_search_params(nprobe=nprobe, ef_search=ef_search)
         return cls(ks)
@@ -101,12 +106,13 @@ class DenseRetriever:
         or decoding step), from which the FAISS threads are chosen (:func:`index.step_search_threads`).
         ``with_vectors``: also return the stored vectors of the hits."""
         _check_k(k, len(self.knowledge))
-        if threads is None and compute_threads is not None:
-            threads = faiss_index.step_search_threads(self.knowledge.index, len(queries), compute_threads)
-        scores, rows = faiss_index.search(self.knowledge.index, queries, k, threads=threads)
-        rows = rows.astype(np.int64)
-        vectors = self.doc_vectors(rows) if with_vectors else None
-        return Retrieval(rows=rows, scores=scores, store=self.store, vectors=vectors)
+        queries = np.asarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.knowledge.dim:
+            raise UserError(f"query vectors have dimension {queries.shape[-1]}, the index {self.knowledge.dim}",
+                            fix="use the query encoder that matches the knowledge source's document encoder")
+        scores, rows, vectors = self.searcher.search(queries, k, threads=threads, compute_threads=compute_threads,
+                                                     with_vectors=with_vectors)
+        return Retrieval(rows=rows.astype(np.int64), scores=scores, store=self.store, vectors=vectors)
 
     def search(self, questions: Sequence[str], k: int, batch_size: int = 64) -> Retrieval:
         questions = list(questions)
@@ -115,7 +121,7 @@ class DenseRetriever:
         return self.search_vectors(np.asarray(q, dtype=np.float32), k)
 
     def doc_vectors(self, rows: np.ndarray) -> np.ndarray:
-        """Stored document vectors d(z) of the hits: float32 [B, k, D] (frozen)."""
+        """Stored document vectors d(z) of ``rows``: float32 [*rows.shape, D] (frozen)."""
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
         order = np.argsort(flat, kind="stable")  # sorted reads are kinder to a memory map
         out = np.empty((flat.size, self.knowledge.dim), dtype=np.float32)

@@ -51,6 +51,13 @@ class RetrievalAugmentedConfig(FairseqDataclass):
                                            "logits of p(z|x), the paper's ablation)"})
     nprobe: Optional[int] = field(default=None, metadata={"help": "IVF lists visited per search"})
     ef_search: Optional[int] = field(default=None, metadata={"help": "HNSW search breadth"})
+    private_index: bool = field(default=False, metadata={
+        "help": "read a private copy of the FAISS index into this process instead of mapping it read-only, shared "
+                "by every process of the node (the default: same results, one copy per node)"})
+    shard_placement: ChoiceEnum(["rank", "node", "local"]) = field(default="rank", metadata={
+        "help": "for a knowledge source built in shards (--num-shards), in a job of several processes: each rank "
+                "holds its own shards and the ranks search together (rank), every rank of a node holds the node's "
+                "shards (node), or every rank holds every shard (local: no collective search)"})
     max_query_tokens: int = field(default=64, metadata={"help": "question length for the query encoder"})
     rag_decoding: ChoiceEnum(["thorough", "fast"]) = field(
         default="thorough", metadata={"help": "RAG-Sequence decoding: thorough (every hypothesis scored under every "
@@ -145,7 +152,7 @@ class RetrievalAugmentedTask(FairseqTask):
         if cfg.n_docs < 0:
             raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}",
                             fix="use --n-docs 0 (closed book) up to the number of passages")
-        knowledge = KnowledgeSource(cfg.knowledge)
+        knowledge = KnowledgeSource(cfg.knowledge, index_mode="private" if cfg.private_index else "shared")
         if cfg.n_docs > len(knowledge):
             raise UserError(f"--n-docs {cfg.n_docs} is larger than the knowledge source ({len(knowledge)} passages)",
                             path=cfg.knowledge, fix=f"use --n-docs {len(knowledge)} or fewer")
@@ -180,10 +187,27 @@ class RetrievalAugmentedTask(FairseqTask):
         if self.cfg.retriever == "bm25":
             return self.bm25
         if self._retriever is None:
+            from rag_plugin.retrieval.collective import job_searcher
             from rag_plugin.retrieval.retriever import DenseRetriever
 
-            self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder)
+            searcher = job_searcher(self.knowledge, str(self.cfg.shard_placement), log=logger.info)
+            self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder, searcher=searcher)
         return self._retriever
+
+    def reopen_knowledge(self) -> int:
+        """Open the knowledge source's current version again (``rag-update-knowledge`` made a newer one); the
+        retriever and the models' retrieval contexts made after this use it. Returns the version now open."""
+        from rag_plugin.retrieval.knowledge import KnowledgeSource
+
+        fresh = KnowledgeSource(self.cfg.knowledge, index_mode=self.knowledge.index_mode)
+        fresh.check_encoder(self.knowledge.encoder_identity, what="the document encoder of the version open so far")
+        if fresh.passages.tokenizer_identity != self.knowledge.passages.tokenizer_identity:
+            raise UserError(f"version {fresh.version} pre-tokenizes its passages with another generator vocabulary",
+                            path=str(fresh.directory), fix="update knowledge sources with rag-update-knowledge only")
+        if self.knowledge.search_params:
+            fresh.set_search_params(**self.knowledge.search_params)
+        self.knowledge, self._retriever, self._bm25 = fresh, None, None
+        return fresh.version
 
     @property
     def bm25(self):
@@ -205,6 +229,7 @@ class RetrievalAugmentedTask(FairseqTask):
             20.0 if self.knowledge.encoder_identity.get("normalize") else 1.0)
         identity = {"encoder": self.knowledge.encoder_identity,
                     "knowledge": str(Path(self.cfg.knowledge).resolve()),
+                    "version": self.knowledge.version,
                     "passage_store_sha256": self.knowledge.passages.sha256,
                     "count": len(self.knowledge),
                     "input_format": self.input_format.name,

@@ -56,7 +56,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_ranks(world, tmp_path, fail_signal, extra=()):
+def _start_ranks(world, tmp_path, fail_signal, extra=(), ks=None):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(python=sys.executable))
     driver.chmod(driver.stat().st_mode | stat.S_IXUSR)
@@ -70,7 +70,7 @@ def _start_ranks(world, tmp_path, fail_signal, extra=()):
                    FAIL_RECORD=str(record))
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
         cmd = [str(ROOT / "scripts" / "train_cpu_ddp.sh"), str(world["data"]), "--user-dir", str(ROOT / "rag_plugin"),
-               "--task", "retrieval_augmented", "--knowledge", str(world["ks"]), "--arch", "rag_token_tiny",
+               "--task", "retrieval_augmented", "--knowledge", str(ks or world["ks"]), "--arch", "rag_token_tiny",
                "--criterion", "marginal_nll", "--n-docs", "3", "--optimizer", "adam", "--lr", "1e-3",
                "--batch-size", "4", "--max-epoch", "3", "--seed", "1", "--save-dir", str(tmp_path / "ckpt"),
                "--num-workers", "0", "--no-progress-bar", "--log-interval", "1", "--log-format", "simple",
@@ -123,3 +123,17 @@ def test_hung_rank_times_out_with_heartbeat_timeout(tiny_world, tmp_path):
     assert "error: rank 0 of 2: lost contact with another rank" in line, line
     assert 6 <= seconds < 6 + 60, f"rank 0 ended {seconds:.1f} s after rank 1 stopped"
     print(f"rank 0 exited {rc} {seconds:.1f} s after rank 1 stopped: {line}")
+
+
+def test_killed_rank_during_sharded_retrieval_makes_the_other_fail_fast(tiny_world, tmp_path):
+    """With the index in 3 shards over the 2 ranks, a training step's first collective is the retrieval's
+    all-gather of question vectors: rank 1 dies before it, rank 0 stops there with the one-line error."""
+    from tests.tiny_world import sharded_knowledge
+
+    procs, record = _start_ranks(tiny_world, tmp_path, "SIGKILL", ks=sharded_knowledge(tiny_world, 3))
+    rc, out, err, seconds = _survivor(procs, record, limit=240)
+    assert rc == 1, (out + err)[-3000:]
+    line = _one_error_line(err)
+    assert re.search(r"error: rank 0 of 2: lost contact with another rank \(.*(closed|reset)", line), line
+    assert "holds index shards [0, 1] of 3" in out + err  # the collective search was in use
+    assert seconds < 60, f"rank 0 took {seconds:.1f} s to notice"

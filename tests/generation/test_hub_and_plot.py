@@ -52,3 +52,25 @@ def test_hub_hot_swap_drops_the_checkpoints_search_settings(tiny_world, trained,
     state["cfg"]["task"]["knowledge"] = "w/ks"
     torch.save(state, ckpt)
     assert RAG.from_pretrained(str(ckpt), n_docs=2).task.cfg.knowledge == str(Path(tiny_world["ks"]).resolve())
+
+
+@pytest.mark.slow
+def test_hub_keeps_its_version_until_reload(tiny_world, trained, tmp_path):
+    """A hub keeps the knowledge-source version it opened across an update; reload() reads the new one,
+    whose deleted passage is never retrieved again."""
+    import shutil
+
+    from rag_plugin.build.update import update_knowledge_source
+
+    ks = tmp_path / "ks"
+    shutil.copytree(tiny_world["ks"], ks)
+    rag = RAG.from_pretrained(str(trained["rag_token_tiny"]), knowledge=str(ks), n_docs=2)
+    question = ["What is the capital of Kakaka?"]
+    before = rag.generate(question, beam=1, max_len_b=3)[0]["provenance"]
+    top = before[0]["id"]
+    (tmp_path / "gone.txt").write_text(top + "\n")
+    update_knowledge_source(str(ks), delete=str(tmp_path / "gone.txt"), progress=False, log=lambda m: None)
+    assert rag.version == 1 and rag.generate(question, beam=1, max_len_b=3)[0]["provenance"] == before
+    assert rag.reload() == 2 and rag.version == 2
+    after = rag.generate(question, beam=1, max_len_b=3)[0]["provenance"]
+    assert top not in [p["id"] for p in after] and after[0]["id"] == before[1]["id"]

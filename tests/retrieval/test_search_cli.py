@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rag_plugin.build import BuildSettings, build_knowledge_source
-from tests.conftest import ROOT, synthetic_passages, write_jsonl
+from tests.conftest import ROOT, assert_one_line_error, synthetic_passages, write_jsonl
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"
 K = 5
@@ -99,3 +99,42 @@ def test_questions_file_ids_are_line_numbers_and_errors_are_one_line(world, tmp_
     assert not (tmp_path / "never.jsonl").exists()
     help_text = _run("--help").stdout
     assert "--kilt-out" in help_text and "(default: 5)" in help_text
+
+
+@pytest.fixture(scope="module")
+def sharded(world):
+    src = world["root"] / "p.jsonl"
+    return build_knowledge_source(str(world["root"] / "ks3"), BuildSettings(passages=str(src), encoder=SPEC,
+                                                                             num_shards=3),
+                                  progress=False, log=lambda m: None)
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_a_sharded_source_searches_like_the_unsharded_one(world, sharded, tmp_path, private):
+    """One process (rag-search) maps every shard and merges: the same lines as the unsharded source."""
+    flags = ["--private-index"] if private else []
+    whole = _run("--knowledge", world["ks"].directory, "--data-file", world["data"], "-k", K)
+    split = _run("--knowledge", sharded.directory, "--data-file", world["data"], "-k", K, *flags)
+    assert whole.returncode == split.returncode == 0, whole.stderr + split.stderr
+    assert split.stdout == whole.stdout and len(split.stdout.splitlines()) == 12 * K
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("delete", "index shard 1 (rows 20-39) is missing"),
+    ("truncate", "index shard 1 (rows 20-39) is"),
+    ("swap", "index shard 1 (rows 20-39) does not match the manifest checksum: it is from another build"),
+])
+def test_a_damaged_shard_is_named_in_one_line(world, sharded, tmp_path, damage, needle):
+    import shutil
+
+    copy = tmp_path / "ks"
+    shutil.copytree(sharded.directory, copy)
+    index = copy / "shards" / "00001" / "index.faiss"
+    if damage == "delete":
+        index.unlink()
+    elif damage == "truncate":
+        index.write_bytes(index.read_bytes()[:-100])
+    else:  # the same-sized shard of another build: other vectors (the first shard's rows 0-19)
+        shutil.copyfile(copy / "shards" / "00000" / "index.faiss", index)
+    proc = _run("--knowledge", copy, "--query", "anything", "-k", K)
+    assert_one_line_error(proc, needle, str(copy / "shards"))

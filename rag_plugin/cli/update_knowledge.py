@@ -1,0 +1,54 @@
+"""rag-update-knowledge: add, delete or replace passages of a knowledge source as a new version.
+
+    rag-update-knowledge --knowledge KS [--add FILE ...] [--delete IDS_FILE] [--replace FILE ...] \\
+        [--retrain] [--keep N]
+
+Passage files in rag-build-knowledge's formats (.jsonl id/title/text, DPR .tsv, .gz); the ids file one
+passage id per line. Version v+1 is written beside v (only new or edited passages embedded, with the
+source's own encoder), then made current atomically; processes that have v open keep it. Killed at any
+point, v stays current and the same command resumes. See rag_plugin/build/update.py.
+"""
+from __future__ import annotations
+
+import sys
+
+from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.util.errors import cli_main
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="rag-update-knowledge", description=__doc__)
+    p.add_argument("--knowledge", required=True, help="the knowledge source directory (its current version is updated)")
+    p.add_argument("--add", nargs="+", default=[], metavar="FILE", help="passages to add (ids not in the source)")
+    p.add_argument("--delete", default=None, metavar="IDS_FILE", help="ids of passages to delete, one per line")
+    p.add_argument("--replace", nargs="+", default=[], metavar="FILE",
+                   help="new titles/texts for passages the source has (same ids)")
+    p.add_argument("--retrain", action="store_true",
+                   help="train a new quantizer (IVF/PQ/SQ) on the new collection instead of keeping the current one")
+    p.add_argument("--keep", type=int, default=None, metavar="N",
+                   help="then remove the versions older than the N newest that no process has open")
+    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
+    p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads; unset: all CPUs")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from rag_plugin.build.update import update_knowledge_source
+    from rag_plugin.retrieval.index import set_faiss_threads
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    set_faiss_threads(args.threads)
+    update_knowledge_source(args.knowledge, add=args.add, delete=args.delete, replace=args.replace,
+                            retrain=args.retrain, keep=args.keep, batch_size=args.batch_size,
+                            progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
