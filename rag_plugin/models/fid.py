@@ -101,9 +101,9 @@ class FidModel(RagModel):
         return self.generator.get_normalized_probs(net_output, log_probs, sample)
 
 
-def refuse_criterion(variant: Optional[str], criterion) -> None:
-    """One-line errors for a criterion that does not train the model family: RAG's document marginal for FiD,
-    fairseq's plain cross-entropy for RAG (whose output holds one row per (question, document) pair)."""
+def refuse_criterion(variant: Optional[str], criterion):
+    """``criterion``, or a one-line error for one that does not train the model family: RAG's document marginal
+    for FiD, fairseq's plain cross-entropy for RAG (whose output holds one row per (question, document) pair)."""
     from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
 
     plain = {"CrossEntropyCriterion": "cross_entropy",
@@ -115,6 +115,7 @@ def refuse_criterion(variant: Optional[str], criterion) -> None:
     if variant in ("token", "sequence") and plain:
         raise UserError(f"--criterion {plain}: a RAG model (--arch rag_*) is trained with its "
                         f"document marginal", fix="use --criterion marginal_nll (or --arch fid_* for cross-entropy)")
+    return criterion
 
 
 for _size, _positions in (("tiny", 128), ("base", 1024), ("large", 1024)):

@@ -29,6 +29,7 @@ from rag_plugin.criterions.retrieval_health import CollapseMonitor
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
+from rag_plugin.generation.fid import attention_of
 from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.util.errors import UserError
@@ -356,11 +357,9 @@ class RetrievalAugmentedTask(FairseqTask):
         return model
 
     def build_criterion(self, cfg, from_checkpoint=False):
-        from rag_plugin.models.fid import refuse_criterion
+        from rag_plugin.models.fid import refuse_criterion  # FiD trains with cross-entropy, RAG with marginal_nll
 
-        criterion = super().build_criterion(cfg, from_checkpoint)
-        refuse_criterion(getattr(self, "model_variant", None), criterion)  # FiD: cross-entropy; RAG: marginal_nll
-        return criterion
+        return refuse_criterion(getattr(self, "model_variant", None), super().build_criterion(cfg, from_checkpoint))
 
     # ------------------------------------------------------------------ generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
@@ -438,9 +437,7 @@ class RetrievalAugmentedTask(FairseqTask):
             (self.output_stream or sys.stdout).write("\n".join(lines) + "\n")
         expected = self._generation_size()
         if self.cfg.provenance_out:
-            from rag_plugin.generation.fid import attention_of  # FiD: each passage's cross-attention share
-
-            self._jsonl(self.cfg.provenance_out, expected).write(
+            self._jsonl(self.cfg.provenance_out, expected).write(  # FiD: with each passage's attention share
                 provenance.provenance_records(ids, rows, doc_lp, store, attention=attention_of(hypos)))
         if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
             self._jsonl(self.cfg.doc_posterior_out, expected).write(provenance.token_doc_posteriors(
