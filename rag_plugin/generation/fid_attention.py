@@ -15,7 +15,7 @@ class CrossAttentionRecorder:
     one decoder call (``with CrossAttentionRecorder(decoder) as rec: decoder(...)``; then ``rec.layers``).
 
     fairseq's decoder keeps one layer's attention (its alignment layer); each layer's cross-attention
-    module is asked for its weights (``need_weights``, averaged over heads) and they are kept here. The
+    module is asked for its weights per head and their mean over heads is kept here. The
     hooks are on this decoder's modules only and are removed on exit."""
 
     def __init__(self, decoder):
@@ -25,11 +25,12 @@ class CrossAttentionRecorder:
 
     @staticmethod
     def _ask_for_weights(module, args, kwargs):
-        kwargs = dict(kwargs, need_weights=True, need_head_weights=False)
+        # per head ([heads, R, T, S]), as the decoder asks its alignment layer: its own result stays as it was
+        kwargs = dict(kwargs, need_weights=True, need_head_weights=True)
         return args, kwargs
 
     def _keep(self, module, args, output):
-        self.layers.append(output[1].float())
+        self.layers.append(output[1].float().mean(0))
 
     def __enter__(self):
         for m in self.modules:
