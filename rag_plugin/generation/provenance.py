@@ -36,7 +36,9 @@ def z_lines(sample_ids: List[int], rows: Optional[torch.Tensor], doc_lp: Optiona
     return lines
 
 
-def provenance_records(sample_ids, rows, doc_lp, store) -> List[dict]:
+def provenance_records(sample_ids, rows, doc_lp, store, attention: Optional[torch.Tensor] = None) -> List[dict]:
+    """One record per sample: its documents by p(z|x), best first. ``attention`` [B, K] (Fusion-in-Decoder):
+    each passage's share of the decoder's cross-attention, added to its entry as ``attention``."""
     out = []
     if rows is None:
         return [{"sample_id": sid, "provenance": []} for sid in sample_ids]
@@ -46,6 +48,9 @@ def provenance_records(sample_ids, rows, doc_lp, store) -> List[dict]:
         out.append({"sample_id": sid, "provenance": [
             {"rank": r, "id": store.id(int(rows[i, k])), "title": store.title(int(rows[i, k])),
              "p": round(float(probs[i, k]), 6)} for r, k in enumerate(order)]})
+        if attention is not None:
+            for entry, k in zip(out[-1]["provenance"], order):
+                entry["attention"] = round(float(attention[i, k]), 6)
     return out
 
 

@@ -152,25 +152,29 @@ def query_encoder_lr_scale(cfg) -> float:
     return min(1.0, QUERY_ENCODER_LR / first) if first > 0 else 1.0
 
 
-def _as_config(cfg) -> RagConfig:
-    """fairseq hands a Namespace (CLI) or a DictConfig (hydra/checkpoint): make it a RagConfig."""
-    if isinstance(cfg, RagConfig):
+def _as_config(cfg, config_class=RagConfig) -> RagConfig:
+    """fairseq hands a Namespace (CLI) or a DictConfig (hydra/checkpoint): make it a ``config_class``."""
+    if isinstance(cfg, config_class):
         return cfg
     values = {}
-    for name in RagConfig.__dataclass_fields__:
+    for name in config_class.__dataclass_fields__:
         try:
             value = getattr(cfg, name, None)
         except Exception:  # an interpolation (``lr: ${optimization.lr}``) this config cannot resolve
             value = None
         if not name.startswith("_") and value is not None:
             values[name] = value
-    return RagConfig(**values)
+    return config_class(**values)
 
 
 class RagModel(BaseFairseqModel):
-    """Shared implementation of RAG-Token and RAG-Sequence (see the module docstring)."""
+    """Shared implementation of RAG-Token and RAG-Sequence (see the module docstring). Fusion-in-Decoder
+    (:mod:`rag_plugin.models.fid`) shares everything but :meth:`forward`: construction, retrieval, generator
+    inputs, encoding and the checkpoint's identity."""
 
     variant = "token"
+    #: the model's dataclass (fairseq hands its options as a Namespace or DictConfig)
+    config_class = RagConfig
 
     def __init__(self, cfg: RagConfig, generator, query_encoder: Optional[torch.nn.Module], dictionary,
                  context: RetrievalContext):
@@ -201,7 +205,7 @@ class RagModel(BaseFairseqModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def build_model(cls, cfg, task):
-        cfg = _as_config(cfg)
+        cfg = _as_config(cfg, cls.config_class)
         dictionary = task.dictionary
         generator = build_bart(cfg.generator_size, dictionary, cfg.max_source_positions, cfg.max_target_positions,
                                cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.generator_embed_dim,
@@ -320,6 +324,7 @@ class RagModel(BaseFairseqModel):
         self._check_generator_tokenizer(trained.get("tokenizer"))
         self._note_newer_version(trained)
         saved = state.get("variant")
+        check_model_family(saved, self.variant)
         if saved and saved != self.variant:  # a resume with another --arch, or a deliberate fine-tune
             logger.warning("the checkpoint was trained as RAG-%s; this model is RAG-%s (its --arch): the weights are "
                            "the same, the marginalisation is not", saved.capitalize(), self.variant.capitalize())
@@ -386,6 +391,19 @@ class RagModel(BaseFairseqModel):
         return state_dict
 
 
+def check_model_family(saved: Optional[str], loading: str) -> None:
+    """A one-line error when a checkpoint of one model family (RAG: ``token``/``sequence``; FiD: ``fid``) is loaded
+    into the other: the weights have the same names and shapes, so nothing else would notice."""
+    def family(variant):
+        return "FiD" if variant == "fid" else "RAG"
+
+    if saved and family(saved) != family(loading):
+        arch = "fid_*" if saved == "fid" else "rag_token_* or rag_seq_*"
+        raise UserError(f"the checkpoint is a {family(saved)} model, --arch builds a {family(loading)} model",
+                        fix=f"load it with --arch {arch} (as it was trained); to start a {family(loading)} model from "
+                            f"its generator, pass it as --generator-checkpoint instead")
+
+
 @register_model("rag_token", dataclass=RagConfig)
 class RagTokenModel(RagModel):
     """RAG-Token: a different document may generate each target token."""
@@ -413,3 +431,8 @@ def _preset(size: str, positions: int):
 for _model in ("rag_token", "rag_seq"):
     for _size, _positions in (("tiny", 128), ("base", 1024), ("large", 1024)):
         register_model_architecture(_model, f"{_model}_{_size}")(_preset(_size, _positions))
+
+
+# Fusion-in-Decoder shares RagModel's code (models/fid.py imports this module): importing it here registers
+# ``fid`` wherever RAG's models are registered (rag_plugin.register(), the hub)
+import rag_plugin.models.fid  # noqa: E402,F401

@@ -29,6 +29,7 @@ from rag_plugin.criterions.retrieval_health import CollapseMonitor
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
+from rag_plugin.generation.fid import attention_of
 from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.util.errors import UserError
@@ -349,10 +350,16 @@ class RetrievalAugmentedTask(FairseqTask):
         from fairseq import models
 
         model = models.build_model(cfg, self, from_checkpoint)
+        self.model_variant = getattr(model, "variant", None)  # token, sequence or fid (build_criterion checks it)
         self.max_target = model.max_decoder_positions()
         for split, dataset in self.datasets.items():
             self._set_max_target(dataset, split)
         return model
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        from rag_plugin.models.fid import refuse_criterion  # FiD trains with cross-entropy, RAG with marginal_nll
+
+        return refuse_criterion(getattr(self, "model_variant", None), super().build_criterion(cfg, from_checkpoint))
 
     # ------------------------------------------------------------------ generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
@@ -365,6 +372,10 @@ class RetrievalAugmentedTask(FairseqTask):
             raise UserError("RAG decoding takes one checkpoint, not an ensemble", fix="pass a single --path")
         model = models[0]
         refuse_unsupported(args)
+        if getattr(model, "variant", None) == "fid":  # Fusion-in-Decoder: fairseq's beam search (generation/fid.py)
+            from rag_plugin.generation.fid import build_fid_generator
+
+            return build_fid_generator(self, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         score_reference = getattr(args, "score_reference", False)
         if self.cfg.doc_posterior_out and (score_reference or model.variant != "token"):
             if score_reference:
@@ -426,8 +437,8 @@ class RetrievalAugmentedTask(FairseqTask):
             (self.output_stream or sys.stdout).write("\n".join(lines) + "\n")
         expected = self._generation_size()
         if self.cfg.provenance_out:
-            self._jsonl(self.cfg.provenance_out, expected).write(
-                provenance.provenance_records(ids, rows, doc_lp, store))
+            self._jsonl(self.cfg.provenance_out, expected).write(  # FiD: with each passage's attention share
+                provenance.provenance_records(ids, rows, doc_lp, store, attention=attention_of(hypos)))
         if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
             self._jsonl(self.cfg.doc_posterior_out, expected).write(provenance.token_doc_posteriors(
                 model, sample, hypos, rows, doc_lp, self.tokenizer, store))

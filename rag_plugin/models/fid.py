@@ -1,0 +1,122 @@
+"""``fid``: Fusion-in-Decoder (Izacard & Grave, 2021) over the same retrieval as RAG.
+
+Per batch of B questions and K documents::
+
+    rows = top-K of the task's retriever          [B, K]   no gradient (FAISS or BM25)
+    src = <s> question </s> title </s> passage </s>   for each of the B*K pairs (RAG's input format)
+    h = BART_encoder(src)                          [L, B*K, H]   each pair encoded on its own
+    memory = concat_k h(question, passage_k)       [K*L, B, H]   padding mask [B, K*L] concatenated too
+    logits = BART_decoder(prev_output_tokens, memory)   [B, T, V]
+
+Trained with plain cross-entropy on the answer (fairseq's ``--criterion cross_entropy`` or
+``label_smoothed_cross_entropy``: the model's output is a fairseq decoder's). Retrieval, generator
+inputs, encoding, construction and checkpoint identity are :class:`~rag_plugin.models.rag.RagModel`'s;
+only :meth:`FidModel.forward` differs. The query encoder only chooses the passages read: no gradient
+reaches it, and it stays fixed.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+
+from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset
+from rag_plugin.util.errors import UserError
+
+
+@dataclass
+class FidConfig(RagConfig):
+    freeze_query_encoder: bool = field(
+        default=False, metadata={"help": "no effect on FiD: its query encoder is always fixed. Retrieval uses the "
+                                         "task's retriever at --n-docs, and cross-entropy on the answer has no "
+                                         "gradient path to the query encoder (the passages' retrieval scores are "
+                                         "not part of FiD's likelihood)"})
+
+
+def fuse_encodings(encoder_out: Dict[str, List[torch.Tensor]], k: int) -> Dict[str, List[torch.Tensor]]:
+    """BART encoder output over B*K question-major pair rows -> one row per question over the K encodings
+    concatenated: ``encoder_out`` [L, B*K, H] -> [K*L, B, H] (pair k at positions k*L ... k*L+L-1), the
+    padding mask [B*K, L] -> [B, K*L], the embeddings [B*K, L, H] -> [B, K*L, H]."""
+    enc = encoder_out["encoder_out"][0]
+    length, rows, dim = enc.shape
+    b = rows // k
+    fused = enc.view(length, b, k, dim).permute(2, 0, 1, 3).reshape(k * length, b, dim)
+    mask = encoder_out["encoder_padding_mask"][0].reshape(b, k * length)
+    out = {"encoder_out": [fused], "encoder_padding_mask": [mask], "encoder_states": [], "src_tokens": [],
+           "src_lengths": []}
+    embedding = encoder_out.get("encoder_embedding") or []
+    out["encoder_embedding"] = [embedding[0].reshape(b, k * length, -1)] if embedding else []
+    return out
+
+
+@register_model("fid", dataclass=FidConfig)
+class FidModel(RagModel):
+    """Fusion-in-Decoder: the decoder cross-attends over the K (question, passage) encodings at once."""
+
+    variant = "fid"
+    config_class = FidConfig
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        cfg = _as_config(cfg, FidConfig)
+        if task.cfg.n_docs == 0:
+            raise UserError("--n-docs 0 gives Fusion-in-Decoder (--arch fid_*) no passages to read",
+                            fix="use --n-docs 1 or more, or --arch rag_token_* with --n-docs 0 for closed-book BART")
+        if cfg.query_encoder_lr_scale:
+            raise UserError(f"--query-encoder-lr-scale {cfg.query_encoder_lr_scale}: FiD's query encoder is not "
+                            "trained (cross-entropy on the answer has no gradient path to it)",
+                            fix="leave --query-encoder-lr-scale out with --arch fid_*")
+        cfg.freeze_query_encoder = True  # no gradient reaches it: no graph, no optimizer state
+        return super().build_model(cfg, task)
+
+    def train(self, mode: bool = True):
+        """The fixed query encoder stays in eval mode: no dropout in the retrieval of training batches."""
+        super().train(mode)
+        if self.query_encoder is not None:
+            self.query_encoder.eval()
+        return self
+
+    def fused_encode(self, src_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
+                     fixed_doc_scores=None, n_docs: Optional[int] = None):
+        """Retrieve, encode each (question, passage) pair once, concatenate per question.
+
+        Returns (encoder_out over B rows of K*L positions, doc_scores [B, K], rows [B, K])."""
+        encoder_out, doc_scores, rows = self.encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
+                                                    fixed_doc_scores, n_docs)
+        return fuse_encodings(encoder_out, doc_scores.size(1)), doc_scores, rows
+
+    def forward(self, src_tokens, prev_output_tokens, query_tokens=None, query_mask=None,
+                fixed_doc_rows=None, fixed_doc_scores=None, n_docs: Optional[int] = None, src_lengths=None):
+        """Teacher-forced logits ``[B, T, V]`` and fairseq's decoder extras, with ``extra["doc_scores"]`` [B, K]
+        (the retriever's, for the record: no gradient) and ``extra["doc_rows"]`` [B, K]."""
+        encoder_out, doc_scores, rows = self.fused_encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
+                                                          fixed_doc_scores, n_docs)
+        logits, extra = self.generator.decoder(prev_output_tokens, encoder_out=encoder_out)
+        extra["doc_scores"] = doc_scores
+        extra["doc_rows"] = rows
+        return logits, extra
+
+    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
+        """fairseq's criteria (cross_entropy, label_smoothed_cross_entropy) read the decoder's output."""
+        return self.generator.get_normalized_probs(net_output, log_probs, sample)
+
+
+def refuse_criterion(variant: Optional[str], criterion):
+    """``criterion``, or a one-line error for one that does not train the model family: RAG's document marginal
+    for FiD, fairseq's plain cross-entropy for RAG (whose output holds one row per (question, document) pair)."""
+    from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
+
+    plain = {"CrossEntropyCriterion": "cross_entropy",
+             "LabelSmoothedCrossEntropyCriterion": "label_smoothed_cross_entropy"}.get(type(criterion).__name__)
+    if variant == "fid" and isinstance(criterion, MarginalNLLCriterion):
+        raise UserError("--criterion marginal_nll marginalises over documents; Fusion-in-Decoder (--arch fid_*) "
+                        "reads them all at once and trains with plain cross-entropy",
+                        fix="use --criterion cross_entropy or --criterion label_smoothed_cross_entropy")
+    if variant in ("token", "sequence") and plain:
+        raise UserError(f"--criterion {plain}: a RAG model (--arch rag_*) is trained with its "
+                        f"document marginal", fix="use --criterion marginal_nll (or --arch fid_* for cross-entropy)")
+    return criterion
+
+
+for _size, _positions in (("tiny", 128), ("base", 1024), ("large", 1024)):
+    register_model_architecture("fid", f"fid_{_size}")(_preset(_size, _positions))
