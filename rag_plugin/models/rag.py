@@ -244,6 +244,14 @@ class RagModel(BaseFairseqModel):
         tower.train()
         return tower
 
+    def train(self, mode: bool = True):
+        """A fixed query encoder (``--freeze-query-encoder``) stays in eval mode: no dropout in the retrieval of
+        training batches (a trained one keeps its dropout, as DPR's training has it)."""
+        super().train(mode)
+        if self.query_encoder is not None and self.cfg.freeze_query_encoder:
+            self.query_encoder.eval()
+        return self
+
     # ------------------------------------------------------------------ retrieval
     def retrieve(self, query_tokens: Optional[torch.Tensor], query_mask: Optional[torch.Tensor], n_docs: int,
                  fixed_doc_rows: Optional[torch.Tensor] = None, fixed_doc_scores: Optional[torch.Tensor] = None):
@@ -431,8 +439,3 @@ def _preset(size: str, positions: int):
 for _model in ("rag_token", "rag_seq"):
     for _size, _positions in (("tiny", 128), ("base", 1024), ("large", 1024)):
         register_model_architecture(_model, f"{_model}_{_size}")(_preset(_size, _positions))
-
-
-# Fusion-in-Decoder shares RagModel's code (models/fid.py imports this module): importing it here registers
-# ``fid`` wherever RAG's models are registered (rag_plugin.register(), the hub)
-import rag_plugin.models.fid  # noqa: E402,F401

@@ -178,3 +178,18 @@ def test_generator_checkpoint_of_a_rag_model_initialises_fid(tiny_world, tmp_pat
     for name, value in rag.generator.state_dict().items():
         assert torch.equal(fid.generator.state_dict()[name], value), name
     assert not math.isnan(float(next(fid.parameters()).detach().sum()))
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_frozen_rag_query_encoder_retrieves_without_dropout_in_training(tiny_world, frozen):
+    """RAG with --freeze-query-encoder: in train mode its query encoder stays in eval mode, so two training
+    forwards retrieve with the same scores (a trained one keeps its dropout)."""
+    task = _task(tiny_world, split="train")
+    torch.manual_seed(0)
+    model = RagTokenModel.build_model(RagConfig(generator_size="tiny", freeze_query_encoder=frozen), task).train()
+    assert model.query_encoder.training is not frozen
+    ni = _batch(task, "train")["net_input"]
+    with torch.no_grad():
+        first = model.retrieve(ni["query_tokens"], ni["query_mask"], 3)[0]
+        second = model.retrieve(ni["query_tokens"], ni["query_mask"], 3)[0]
+    assert torch.equal(first, second) is frozen
