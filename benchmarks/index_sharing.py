@@ -43,9 +43,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
 import index_sharing_data as data  # noqa: E402
 import index_sharing_report as report  # noqa: E402
+import numpy as np  # noqa: E402
 from retrieval_common import int_list, log, machine_info, versions  # noqa: E402
 
 
@@ -175,7 +175,7 @@ def markdown(result: Dict, args) -> str:
         lines += report.memory_table(name, coll)
         lines += report.timing_table(name, coll, args.batch, args.k)
         lines += report.targets_table(name, coll)
-        lines += [f"", f"Skipped: {'; '.join(coll['skipped'])}"] if coll.get("skipped") else []
+        lines += ["", f"Skipped: {'; '.join(coll['skipped'])}"] if coll.get("skipped") else []
     if "paper" in result:
         lines += report.paper_table(result["paper"])
     return "\n".join(lines)

@@ -86,7 +86,8 @@ def memory_table(name: str, coll: Dict) -> List[str]:
 def timing_table(name: str, coll: Dict, batch: int, k: int) -> List[str]:
     lines = ["", f"#### Retrieval time per training batch: {name} ({batch} questions per rank, K={k}, with document "
                  "vectors; slowest rank per batch)", "",
-             "| design | N | median ms | p90 ms | batches | same rows as private copies |", "|---|---:|---:|---:|---:|---|"]
+             "| design | N | median ms | p90 ms | batches | same rows as private copies |",
+             "|---|---:|---:|---:|---:|---|"]
     for mode, by_n in coll["jobs"].items():
         for n, j in sorted(by_n.items(), key=lambda kv: int(kv[0])):
             if "batch_ms_median" in j:
