@@ -190,7 +190,10 @@ def main(argv=None) -> int:
               "threads": {"faiss": 1, "torch": 1, "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]},
               "collections": {}}
     if args.resume and out_path and out_path.is_file():
-        result["collections"] = json.loads(out_path.read_text(encoding="utf-8")).get("collections", {})
+        old = json.loads(out_path.read_text(encoding="utf-8"))
+        result["collections"] = old.get("collections", {})
+        if "paper" in old:
+            result["paper"] = old["paper"]
 
     def save():
         if out_path:

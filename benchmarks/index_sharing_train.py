@@ -34,7 +34,7 @@ import fairseq_cli.train
 from fairseq.tasks import FairseqTask
 
 OUT, RANK = os.environ["INDEX_SHARING_OUT"], os.environ.get("RANK", "0")
-steps = []
+steps, last = [], {{}}
 _train_step = FairseqTask.train_step
 
 
@@ -42,6 +42,7 @@ def train_step(self, sample, *args, **kwargs):
     t0 = time.perf_counter()
     out = _train_step(self, sample, *args, **kwargs)
     steps.append([t0, time.perf_counter(), int(sample["nsentences"]) if sample else 0])
+    last.update(memory())  # while the task (and its index) is alive, after the timed step
     return out
 
 
@@ -69,7 +70,7 @@ def memory():
 
 def dump():
     with open(os.path.join(OUT, f"rank{{RANK}}.json"), "w") as fh:
-        json.dump({{"steps": steps, "memory": memory()}}, fh)
+        json.dump({{"steps": steps, "memory": last, "exit": memory()}}, fh)
 
 
 atexit.register(dump)
@@ -124,9 +125,7 @@ def run(args, mode: str) -> dict:
     (out / "train.log").write_text(log, encoding="utf-8")
     if proc.returncode != 0:
         return {"error": log[-3000:], "command": cmd}
-    losses = re.findall(r"\| train_inner \| .*?loss=([0-9.]+)", log)
-    if not losses:  # one line per update: "... | epoch 001:      2 / 62 loss=..., ..."
-        losses = re.findall(r"epoch \d+:\s+\d+ / \d+ loss=([0-9.]+)", log)
+    losses = [_training_values(line) for line in log.splitlines() if "| train_inner |" in line]
     ranks = []
     for r in (0, 1):
         rec = json.loads((out / f"rank{r}.json").read_text(encoding="utf-8"))
@@ -140,6 +139,15 @@ def run(args, mode: str) -> dict:
                       "faiss_file_pss_mib": m["faiss_file_pss"] / 2 ** 20})
     return {"command": " ".join(cmd), "wall_s": wall, "loadavg_1m_before": load, "losses": losses,
             "ranks": ranks, "index_log": [ln for ln in log.splitlines() if "index" in ln.lower()][:5]}
+
+
+TIMING_KEYS = ("wps", "ups", "wall", "train_wall")
+
+
+def _training_values(line: str) -> str:
+    """A train_inner log line's numbers other than timings (loss, nll_loss, gnorm, document statistics...)."""
+    pairs = re.findall(r"(\w+)=([^,\s]+)", line)
+    return ", ".join(f"{k}={v}" for k, v in pairs if k not in TIMING_KEYS)
 
 
 def markdown(result: dict) -> str:
