@@ -73,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--paper-ef-search", default="64,256")
     p.add_argument("--paper-nlist", type=int, default=0, help="IVF lists (0: ~4 sqrt(n), >= 39 training vectors each)")
     p.add_argument("--paper-train-size", type=int, default=65536)
+    p.add_argument("--paper-nlist-target", type=int, default=0,
+                   help="IVF lists at paper scale (0: ~4 sqrt(passages), a power of two)")
     p.add_argument("--paper-passages", type=int, default=21_000_000)
     p.add_argument("--paper-dim", type=int, default=768)
     p.add_argument("--node-ram-gib", type=int, default=256, help="RAM per node usable for the index")
