@@ -169,7 +169,9 @@ def paper(args, result: Dict, colls: Dict, queries: np.ndarray, save) -> None:
 
 
 def markdown(result: Dict, args) -> str:
-    lines = [f"Command: `{result['command']}`", f"Date: {result['date']}",
+    earlier = [f"Earlier runs whose jobs this one kept (--resume): {'; '.join(result['earlier_commands'])}"
+               ] if result.get("earlier_commands") else []
+    lines = [f"Command: `{result['command']}`", f"Date: {result['date']}", *earlier,
              f"Machine: {result['machine'].get('cpu', '?')}, {result['machine']['affinity']} cores, "
              f"{result['machine'].get('mem_gib', '?')} GiB RAM; torch {result['versions'].get('torch')}, faiss "
              f"{result['versions'].get('faiss')}; every process: 1 FAISS thread, 1 torch thread, gloo on CPU."]
@@ -194,6 +196,7 @@ def main(argv=None) -> int:
     if args.resume and out_path and out_path.is_file():
         old = json.loads(out_path.read_text(encoding="utf-8"))
         result["collections"] = old.get("collections", {})
+        result["earlier_commands"] = old.get("earlier_commands", []) + [f"{old.get('date')}: {old.get('command')}"]
         if "paper" in old:
             result["paper"] = old["paper"]
 
