@@ -33,6 +33,9 @@ def summarize_job(results: List[Dict], index_bytes: int) -> Dict:
         out["batch_ms_median"] = float(np.median(per_batch) * 1e3)
         out["batch_ms_p90"] = float(np.percentile(per_batch, 90) * 1e3)
         out["batches"] = len(per_batch)
+    if results[0].get("batch_cpu_s"):  # CPU seconds of the busiest rank: the wall time given a free core per rank
+        busiest = np.max(np.asarray([r["batch_cpu_s"] for r in results]), axis=0)
+        out["batch_cpu_ms_busiest_median"] = float(np.median(busiest) * 1e3)
     return out
 
 
@@ -54,8 +57,12 @@ def add_targets(collection: Dict) -> None:
     r0, sh = jobs.get("rank0", {}).get("4"), jobs.get("sharded", {}).get("4")
     if r0 and sh and "batch_ms_median" in r0:
         ratio = sh["batch_ms_median"] / r0["batch_ms_median"]
-        targets["sharded / rank-0-serves-all batch time, N=4 (median)"] = {"value": ratio, "target": "<= 0.5",
-                                                                          "met": ratio <= 0.5}
+        targets["sharded / rank-0-serves-all batch time, N=4 (median wall)"] = {
+            "value": ratio, "target": "<= 0.5", "met": ratio <= 0.5}
+    if r0 and sh and "batch_cpu_ms_busiest_median" in r0 and "batch_cpu_ms_busiest_median" in sh:
+        ratio = sh["batch_cpu_ms_busiest_median"] / r0["batch_cpu_ms_busiest_median"]
+        targets["sharded / rank-0-serves-all busiest rank's CPU per batch, N=4 (median)"] = {
+            "value": ratio, "target": "<= 0.5", "met": ratio <= 0.5}
     collection["targets"] = targets
 
 
@@ -86,15 +93,18 @@ def memory_table(name: str, coll: Dict) -> List[str]:
 def timing_table(name: str, coll: Dict, batch: int, k: int) -> List[str]:
     lines = ["", f"#### Retrieval time per training batch: {name} ({batch} questions per rank, K={k}, with document "
                  "vectors; slowest rank per batch)", "",
-             "| design | N | median ms | p90 ms | batches | same rows as private copies |",
-             "|---|---:|---:|---:|---:|---|"]
+             "| design | N | median ms | p90 ms | busiest rank's CPU ms (median) | batches | load avg before | same "
+             "rows as private copies |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for mode, by_n in coll["jobs"].items():
         for n, j in sorted(by_n.items(), key=lambda kv: int(kv[0])):
             if "batch_ms_median" in j:
                 same = j.get("same_rows_as_private")
                 same = "-" if same is None else f"{same:.4f}"
+                cpu = j.get("batch_cpu_ms_busiest_median")
+                cpu = "-" if cpu is None else f"{cpu:.1f}"
                 lines.append(f"| {MODE_NAMES[mode]} | {n} | {j['batch_ms_median']:.1f} | {j['batch_ms_p90']:.1f} | "
-                             f"{j['batches']} | {same} |")
+                             f"{cpu} | {j['batches']} | {j['loadavg_1m_before']:.1f} | {same} |")
     return lines
 
 

@@ -156,18 +156,19 @@ def _time_batches(cfg: Dict, search, queries: np.ndarray, rank: int):
     import torch.distributed as dist
 
     world, b = cfg["world"], cfg["batch"]
-    times, rows = [], []
+    times, cpu, rows = [], [], []
     for step in range(cfg["warmup"] + cfg["batches"]):
         start = ((step * world + rank) * b) % (len(queries) - b + 1)
         q = queries[start:start + b]
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         _, r, v = search(q)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if step >= cfg["warmup"]:
             times.append(dt)
+            cpu.append(dc)
             rows.append(r)
-    return times, np.concatenate(rows)
+    return times, cpu, np.concatenate(rows)
 
 
 def worker(rank: int, cfg: Dict) -> None:
@@ -201,8 +202,8 @@ def worker(rank: int, cfg: Dict) -> None:
     dist.barrier()
     if cfg["batches"]:
         search = _searcher(cfg, parts, rank, cfg["info"])
-        times, rows = _time_batches(cfg, search, queries, rank)
-        out["batch_s"] = times
+        times, cpu, rows = _time_batches(cfg, search, queries, rank)
+        out["batch_s"], out["batch_cpu_s"] = times, cpu
         np.save(Path(cfg["out_dir"]) / f"rows{rank}.npy", rows)
     out["peak_rss"] = peak_rss()
     (Path(cfg["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
