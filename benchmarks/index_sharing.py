@@ -14,12 +14,14 @@ A benchmark, not a test: it asserts nothing and only reports (Markdown tables on
    reads every page), minus before loading; the seconds to load and to run that first search (page cache warm:
    the files were just written or read). On the demo knowledge source (through ``KnowledgeSource``) and on a
    synthetic collection of ``--synthetic`` vectors (real demo vectors + jittered copies; index files only).
-   Targets (issue 22): mapped, each extra process adds < 5% of the index's bytes (node Pss); sharded over N,
-   index bytes per process <= 1.1/N of the whole.
+   Targets (issue 22): mapped, each extra process adds < 5% of the index's bytes (judged on each process's
+   Private bytes: Pss also splits the pages with any other job mapping the same file); sharded over N, index
+   bytes per process (Pss) <= 1.1/N of the whole.
 2. Retrieval time per training batch (``--batch`` real questions per rank, K = ``--k``, document vectors
    returned), slowest rank per batch, median and p90 of ``--batches`` after ``--warmup``: private copies and
    mapped copies (no communication), sharded (``CollectiveSearch``) and rank-0-serves-all (gather, search,
-   scatter). Same Flat index, same batches; rows are compared with the private copies'. Target: at 4 processes
+   scatter). Same Flat index, same batches; rows are compared with the private copies'. Also the CPU seconds of
+   the busiest rank per batch: the wall time on a machine with a free core per rank. Target: at 4 processes
    sharded takes at most half of rank-0-serves-all's time.
 3. Paper scale on paper (``index_sharing_paper``): bytes/passage and recall@k against Flat of Flat, IVF-SQ8,
    HNSW32-SQ8 and IVF-PQ on the first ``--paper-n`` synthetic vectors, projected to 21M x 768.
