@@ -120,20 +120,6 @@ def _rank0_search(local, queries: np.ndarray, k: int, dim: int, rank: int, world
     return got[:, :, 0], rows, got[:, :, 3:]
 
 
-def _patch_merge_call() -> None:
-    """``CollectiveSearch.search`` at main 09db6e5 calls ``merge_top_k(*mine, k)`` with vectors, passing the vectors
-    as ``k`` (fixed in the lead's working tree): accept that argument order too, so this benchmark runs on either."""
-    from rag_plugin.retrieval import collective
-    from rag_plugin.retrieval.parts import merge_top_k
-
-    def merge(scores, rows, k, vectors=None):
-        if not isinstance(k, (int, np.integer)):
-            k, vectors = vectors, k
-        return merge_top_k(scores, rows, k, vectors)
-
-    collective.merge_top_k = merge
-
-
 def _searcher(cfg: Dict, parts: list, rank: int, info: Dict):
     """A function queries -> (scores, rows, vectors) for this mode."""
     from rag_plugin.retrieval.collective import CollectiveSearch
@@ -142,7 +128,6 @@ def _searcher(cfg: Dict, parts: list, rank: int, info: Dict):
 
     k, count, dim, world = cfg["k"], info["count"], info["dim"], cfg["world"]
     if cfg["mode"] == "sharded":
-        _patch_merge_call()
         numbers = [rank] if world > 1 else [0]
         search = CollectiveSearch(dict(zip(numbers, parts)), assign_holders(world, world, "rank"), count, dim)
         return lambda q: search.search(q, k, threads=1, with_vectors=True)
