@@ -60,15 +60,18 @@ def hybrid_candidates(cfg) -> int:
 
 def check_options(cfg, n_passages: int) -> None:
     """The options alone (the task's setup): one-line errors naming the option."""
+    # a config saved before these options existed lacks them: their defaults
     loss = str(getattr(cfg, "retriever_loss", "none"))
-    retriever = str(cfg.retriever)
-    if not 0.0 <= float(cfg.fusion_weight) <= 1.0:
-        raise UserError(f"--fusion-weight {cfg.fusion_weight} is outside [0, 1]",
+    retriever = str(getattr(cfg, "retriever", "dense"))
+    weight, rrf_k, scale = (getattr(cfg, "fusion_weight", 0.5), getattr(cfg, "rrf_k", 60.0),
+                            getattr(cfg, "fusion_scale", 10.0))
+    if not 0.0 <= float(weight) <= 1.0:
+        raise UserError(f"--fusion-weight {weight} is outside [0, 1]",
                         fix="give the dense side's weight in [0, 1] (BM25's is 1 minus it)")
-    if float(cfg.rrf_k) < 0:
-        raise UserError(f"--rrf-k {cfg.rrf_k} is negative", fix="use k >= 0 (60 is the usual value)")
-    if not float(cfg.fusion_scale) > 0:
-        raise UserError(f"--fusion-scale {cfg.fusion_scale} must be positive", fix="e.g. --fusion-scale 10")
+    if float(rrf_k) < 0:
+        raise UserError(f"--rrf-k {rrf_k} is negative", fix="use k >= 0 (60 is the usual value)")
+    if not float(scale) > 0:
+        raise UserError(f"--fusion-scale {scale} must be positive", fix="e.g. --fusion-scale 10")
     if retriever == "hybrid" and cfg.n_docs > 0:
         wanted = hybrid_candidates(cfg)
         if wanted < cfg.n_docs:
@@ -85,6 +88,9 @@ def check_options(cfg, n_passages: int) -> None:
     if retriever == "bm25":
         raise UserError(f"--retriever-loss {loss} trains the query encoder; --retriever bm25 has nothing to train",
                         fix="use --retriever dense or hybrid, or leave --retriever-loss out")
+    if retriever == "hybrid" and str(getattr(cfg, "fusion", "rrf")) == "weighted" and float(weight) == 0.0:
+        raise UserError(f"--retriever-loss {loss} trains the query encoder through the dense side, and "
+                        f"--fusion-weight 0 gives it no weight", fix="use a --fusion-weight above 0")
     if cfg.n_docs < 2:
         raise UserError(f"--retriever-loss {loss} distributes the retriever's probability over documents; "
                         f"--n-docs {cfg.n_docs} gives it {'none' if cfg.n_docs == 0 else 'one'}",

@@ -178,6 +178,8 @@ def test_refusals(tiny_world):
            ({"retriever_loss": "loop", "n_docs": 1}, "--n-docs 1 gives it one"),
            ({"retriever": "hybrid", "fusion": "weighted", "fusion_weight": -0.1}, "--fusion-weight -0.1 is outside"),
            ({"retriever": "hybrid", "hybrid_candidates": 2}, "--hybrid-candidates 2 is fewer than --n-docs 3"),
+           ({"retriever": "hybrid", "fusion": "weighted", "fusion_weight": 0.0, "retriever_loss": "pdist"},
+            "--fusion-weight 0 gives it no weight"),
            ({"retriever_loss": "pdist", "retriever_temperature": 0.0}, "--retriever-temperature 0.0 must be")]
     for options, message in bad:
         with pytest.raises(UserError, match=message):
