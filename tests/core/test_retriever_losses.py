@@ -195,3 +195,17 @@ def test_excluded_documents_and_bad_shapes(data):
         R.retriever_log_probs(_t(s), 0.0)
     with pytest.raises(ValueError, match="doc_scores"):
         R.pdist_loss(_t(s), _t(seq[:, :2]))
+
+
+def test_emdr2_at_temperature_1_is_the_rag_sequence_marginal(data):
+    """EMDR² at T = 1 is RAG-Sequence's marginal NLL as a function of the retriever's scores (the reader fixed):
+    added to RAG-Sequence it only rescales the query encoder's gradient."""
+    tok, mask = _t(data["token_lp"]), torch.tensor(data["mask"])
+    x1, x2 = _t(data["scores"], True), _t(data["scores"], True)
+    seq = R.sequence_log_likelihood(tok, mask)
+    value = R.emdr2_loss(x1, seq)
+    marginal = M.rag_sequence_nll(tok, torch.log_softmax(x2, -1), mask)
+    torch.testing.assert_close(value, marginal, rtol=1e-12, atol=1e-12)
+    value.sum().backward()
+    marginal.sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-12)
