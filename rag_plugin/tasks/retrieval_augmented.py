@@ -32,14 +32,13 @@ from rag_plugin.data.qa_dataset import RetrievalQADataset
 from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.tasks import retriever_options
-from rag_plugin.tasks.retriever_options import RetrieverTrainingConfig
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class RetrievalAugmentedConfig(RetrieverTrainingConfig):  # --retriever-loss, hybrid fusion: retriever_options.py
+class RetrievalAugmentedConfig(retriever_options.RetrieverTrainingConfig):  # --retriever-loss, --fusion, ...
     data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
                                                     "KILT style: {id, input, output: [{answer, provenance}]}"})
     knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
@@ -198,12 +197,7 @@ class RetrievalAugmentedTask(FairseqTask):
             searcher = job_searcher(self.knowledge, str(self.cfg.shard_placement), log=logger.info)
             self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder, searcher=searcher)
             if self.cfg.retriever == "hybrid":
-                from rag_plugin.retrieval.hybrid import HybridRetriever
-
-                self._retriever = HybridRetriever(
-                    self._retriever, self.bm25, fusion=str(self.cfg.fusion), rrf_k=self.cfg.rrf_k,
-                    weight=self.cfg.fusion_weight, scale=self.cfg.fusion_scale,
-                    candidates=retriever_options.hybrid_candidates(self.cfg))
+                self._retriever = retriever_options.hybrid_retriever(self.cfg, self._retriever, self.bm25)
         return self._retriever
 
     @property

@@ -58,6 +58,14 @@ def hybrid_candidates(cfg) -> int:
     return n if n > 0 else max(20, 2 * int(cfg.n_docs or 0))
 
 
+def hybrid_retriever(cfg, dense, bm25):
+    """The task's ``--retriever hybrid``: its dense and BM25 retrievers fused as the options say."""
+    from rag_plugin.retrieval.hybrid import HybridRetriever
+
+    return HybridRetriever(dense, bm25, fusion=str(cfg.fusion), rrf_k=cfg.rrf_k, weight=cfg.fusion_weight,
+                           scale=cfg.fusion_scale, candidates=hybrid_candidates(cfg))
+
+
 def check_options(cfg, n_passages: int) -> None:
     """The options alone (the task's setup): one-line errors naming the option."""
     # a config saved before these options existed lacks them: their defaults
