@@ -5,7 +5,12 @@ Reports fairseq's usual ``loss``/``nll_loss`` (base 2, per target token) and, as
 health, the entropy of p(z|x), the mean top-1 document probability, the share of a batch's
 questions that retrieve the batch's most common top passage (``top1_share``: near 1 when
 retrieval collapses; see :mod:`rag_plugin.criterions.retrieval_health`) and, where the data
-names gold passages, the mean p(gold passage | x) over the retrieved documents.
+names gold passages, the mean p(gold passage | x) over the retrieved documents and the retriever's
+recall@K of them (``recall_at_K``).
+
+With the task's ``--retriever-loss`` (see :mod:`rag_plugin.criterions.retriever_loss`), the retriever loss
+computed from this criterion's per-document target log-probs is added with its weight and logged apart
+(``retriever_loss``); ``loss`` is the sum trained, ``nll_loss`` the marginal NLL alone.
 """
 
 import math
@@ -18,6 +23,7 @@ from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
 from rag_plugin.core import marginalization as M
+from rag_plugin.criterions import retriever_loss as RL
 from rag_plugin.criterions.retrieval_health import top1_shared
 from rag_plugin.util.errors import UserError
 
@@ -45,19 +51,28 @@ def gold_doc_prob(doc_lp: torch.Tensor, doc_rows, gold_rows) -> torch.Tensor:
 
 @register_criterion("marginal_nll", dataclass=MarginalNLLConfig)
 class MarginalNLLCriterion(FairseqCriterion):
+    #: adds the task's --retriever-loss (rag_plugin.tasks.retriever_options.check_criterion)
+    adds_retriever_loss = True
+
     def __init__(self, task, label_smoothing: float = 0.0, sentence_avg: bool = False,
                  best_checkpoint_metric: str = "loss"):
         super().__init__(task)
         self.eps = label_smoothing
         self.sentence_avg = sentence_avg  # fairseq's --sentence-avg: gradients averaged per example, not per token
         self.best_checkpoint_metric = best_checkpoint_metric
+        self.retriever_loss, self.retriever_loss_weight, self.retriever_temperature = RL.options(task)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
-        loss, nll, doc_lp = self.compute_loss(model, net_output, sample)
+        loss, nll, doc_lp, lprobs = self.marginal(model, net_output, sample)
         ntokens = sample["ntokens"]
         nsentences = sample["target"].size(0)
         sample_size = nsentences if self.sentence_avg else ntokens
+        retriever = None
+        if self.retriever_loss != "none" and net_output[1].get("doc_rows") is not None:
+            retriever = self.compute_retriever_loss(model, net_output, sample, doc_lp, lprobs)
+            # fairseq divides the summed loss by sample_size: the retriever loss enters as its mean per question
+            loss = loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
         stats = {
             "loss": loss.sum().data if reduce else loss.data,
             "nll_loss": nll.sum().data,
@@ -68,6 +83,8 @@ class MarginalNLLCriterion(FairseqCriterion):
             "top1_doc_prob": M.top1_doc_prob(doc_lp).sum().data,
             "top1_shared": top1_shared(net_output[1].get("doc_rows")),  # rows live on the host: no device sync
         }
+        if retriever is not None:
+            stats["retriever_loss"] = retriever.sum().data
         gold = sample.get("gold_rows")
         if (not model.training and self.best_checkpoint_metric == "gold_doc_prob"
                 and (gold is None or net_output[1].get("doc_rows") is None)):
@@ -80,10 +97,15 @@ class MarginalNLLCriterion(FairseqCriterion):
         if gold is not None and net_output[1].get("doc_rows") is not None:
             stats["gold_doc_prob"] = gold_doc_prob(doc_lp, net_output[1]["doc_rows"], gold).sum().data
             stats["n_with_gold"] = gold.ge(0).any(-1).sum().data  # a tensor like the others: no device sync
+            stats.update(RL.retriever_stats(net_output[1]["doc_rows"], gold))
         return (loss.sum() if reduce else loss), sample_size, stats
 
     def compute_loss(self, model, net_output, sample):
         """Per-example (loss [B], nll [B], doc_lp [B, K])."""
+        return self.marginal(model, net_output, sample)[:3]
+
+    def marginal(self, model, net_output, sample):
+        """(loss [B], nll [B], doc_lp [B, K], lprobs [B, K, T, V]): the marginal and what it was computed from."""
         doc_lp = doc_log_prior_of(net_output)
         b, k = doc_lp.shape
         logits = net_output[0]
@@ -96,7 +118,15 @@ class MarginalNLLCriterion(FairseqCriterion):
             loss, nll = M.rag_sequence_loss(lprobs, doc_lp, target, mask, epsilon=self.eps, hf_compat=hf)
         else:
             loss, nll = M.rag_token_loss(lprobs, doc_lp, target, mask, epsilon=self.eps)
-        return loss, nll, doc_lp
+        return loss, nll, doc_lp, lprobs
+
+    def compute_retriever_loss(self, model, net_output, sample, doc_lp, lprobs):
+        """The task's --retriever-loss per question [B], from the marginal's own log-probs (the target's
+        [B, K, T] gathered from them again: nothing next to the [B, K, T, V] log-softmax)."""
+        target = sample["target"]
+        token_lp = M.target_token_log_probs(lprobs, target)
+        return RL.retriever_loss(self.retriever_loss, net_output[1], self.retriever_temperature, token_lp=token_lp,
+                                 doc_lp=doc_lp, target_mask=target.ne(self.padding_idx), variant=model.variant)
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
@@ -114,6 +144,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         n_gold = total("n_with_gold")
         if n_gold > 0:
             metrics.log_scalar("gold_doc_prob", total("gold_doc_prob") / n_gold, n_gold, round=4)
+        RL.log_retriever_metrics(logging_outputs, metrics)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

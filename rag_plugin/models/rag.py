@@ -215,7 +215,7 @@ class RagModel(BaseFairseqModel):
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
         query_encoder = None
-        if task.cfg.n_docs > 0 and task.cfg.retriever == "dense":
+        if task.cfg.n_docs > 0 and task.cfg.retriever != "bm25":  # dense or hybrid
             query_encoder = cls.build_query_encoder(cfg, task)
         model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg))
         logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
@@ -256,6 +256,8 @@ class RagModel(BaseFairseqModel):
     def retrieve(self, query_tokens: Optional[torch.Tensor], query_mask: Optional[torch.Tensor], n_docs: int,
                  fixed_doc_rows: Optional[torch.Tensor] = None, fixed_doc_scores: Optional[torch.Tensor] = None):
         """Top-``n_docs`` documents: (doc_scores [B, K] (differentiable in q), rows Long[B, K])."""
+        if hasattr(self.retriever, "fuse"):  # hybrid: the dataset's BM25 candidates fused with the dense ones
+            return self._hybrid_retrieve(query_tokens, query_mask, n_docs, fixed_doc_rows, fixed_doc_scores)
         if fixed_doc_rows is not None:  # BM25: documents and scores fixed per question
             return fixed_doc_scores[:, :n_docs].float(), fixed_doc_rows[:, :n_docs]
         grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
@@ -269,6 +271,15 @@ class RagModel(BaseFairseqModel):
         d = torch.from_numpy(found.vectors).to(q.device)  # [B, K, D] float32, frozen
         scores = torch.bmm(d, q.float().unsqueeze(-1)).squeeze(-1) * self.doc_score_scale  # [B, K]
         return scores, rows
+
+    def _hybrid_retrieve(self, query_tokens, query_mask, n_docs, bm25_rows, bm25_scores):
+        """Fused logits [B, K] (their gradient reaches the query encoder, see rag_plugin/retrieval/hybrid.py)."""
+        grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad):
+            q = self.query_encoder(query_tokens, query_mask).float()                  # [B, D]
+            logits, rows = self.retriever.fuse(q, bm25_rows.cpu().numpy(), bm25_scores.cpu().numpy(), n_docs,
+                                               self.doc_score_scale, compute_threads=torch.get_num_threads())
+        return logits, torch.from_numpy(rows)
 
     def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]):
         """Inputs for the B*K (question, document) pairs, from pre-tokenized passage ids."""

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.data import Dictionary
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
@@ -32,13 +32,14 @@ from rag_plugin.data.qa_dataset import RetrievalQADataset
 from rag_plugin.generation.fid import attention_of
 from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
 from rag_plugin.models.context import RetrievalContext
+from rag_plugin.tasks import retriever_options
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class RetrievalAugmentedConfig(FairseqDataclass):
+class RetrievalAugmentedConfig(retriever_options.RetrieverTrainingConfig):  # --retriever-loss, --fusion, ...
     data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
                                                     "KILT style: {id, input, output: [{answer, provenance}]}"})
     knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
@@ -47,9 +48,11 @@ class RetrievalAugmentedConfig(FairseqDataclass):
     n_docs: Optional[int] = field(
         default=None, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART. Default: 5 in "
                                         "training; at generation (--path) the K the checkpoint was trained with"})
-    retriever: ChoiceEnum(["dense", "bm25"]) = field(
-        default="dense", metadata={"help": "dense (trainable query encoder, MIPS) or bm25 (fixed; BM25 scores as "
-                                           "logits of p(z|x), the paper's ablation)"})
+    retriever: ChoiceEnum(["dense", "bm25", "hybrid"]) = field(
+        default="dense", metadata={"help": "dense (trainable query encoder, MIPS), bm25 (fixed; BM25 scores as "
+                                           "logits of p(z|x), the paper's ablation) or hybrid (dense and BM25 "
+                                           "candidates fused, see --fusion; the query encoder trained through the "
+                                           "dense side)"})
     nprobe: Optional[int] = field(default=None, metadata={"help": "IVF lists visited per search"})
     ef_search: Optional[int] = field(default=None, metadata={"help": "HNSW search breadth"})
     private_index: bool = field(default=False, metadata={
@@ -157,13 +160,14 @@ class RetrievalAugmentedTask(FairseqTask):
         if cfg.n_docs > len(knowledge):
             raise UserError(f"--n-docs {cfg.n_docs} is larger than the knowledge source ({len(knowledge)} passages)",
                             path=cfg.knowledge, fix=f"use --n-docs {len(knowledge)} or fewer")
+        retriever_options.check_options(cfg, len(knowledge))
         tokenizer = knowledge.load_generator_tokenizer()
         dictionary = Dictionary.load(str(Path(tokenizer.dict_path)))
         if len(dictionary) != len(tokenizer):
             raise UserError("generator dictionary and tokenizer disagree", path=tokenizer.dict_path)
         if cfg.nprobe is not None or cfg.ef_search is not None:
             knowledge.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
-        text_encoder = knowledge.load_encoder() if cfg.n_docs > 0 and cfg.retriever == "dense" else None
+        text_encoder = knowledge.load_encoder() if cfg.n_docs > 0 and cfg.retriever != "bm25" else None
         logger.info("knowledge source %s: %d passages, encoder %s, dictionary %d symbols", cfg.knowledge,
                     len(knowledge), knowledge.encoder_identity.get("name"), len(dictionary))
         return cls(cfg, knowledge, dictionary, tokenizer, text_encoder)
@@ -193,6 +197,8 @@ class RetrievalAugmentedTask(FairseqTask):
 
             searcher = job_searcher(self.knowledge, str(self.cfg.shard_placement), log=logger.info)
             self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder, searcher=searcher)
+            if self.cfg.retriever == "hybrid":
+                self._retriever = retriever_options.hybrid_retriever(self.cfg, self._retriever, self.bm25)
         return self._retriever
 
     def reopen_knowledge(self) -> int:
@@ -289,6 +295,8 @@ class RetrievalAugmentedTask(FairseqTask):
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
             found = self.bm25.search(questions, self.cfg.n_docs)
             fixed_rows, fixed_scores = found.rows, found.scores
+        elif self.cfg.n_docs > 0 and self.cfg.retriever == "hybrid":  # the BM25 candidates, fused in the model
+            fixed_rows, fixed_scores = self.retriever.bm25_candidates(questions)
         dataset = RetrievalQADataset(q_enc, q_gen, tgt, pad=self.dictionary.pad(), eos=self.dictionary.eos(),
                                      fixed_rows=fixed_rows, fixed_scores=fixed_scores, record_ids=record_ids,
                                      gold_rows=gold_rows, decoder_start=layout.decoder_start)
@@ -351,6 +359,7 @@ class RetrievalAugmentedTask(FairseqTask):
 
         model = models.build_model(cfg, self, from_checkpoint)
         self.model_variant = getattr(model, "variant", None)  # token, sequence or fid (build_criterion checks it)
+        retriever_options.check_model(self.cfg, model)
         self.max_target = model.max_decoder_positions()
         for split, dataset in self.datasets.items():
             self._set_max_target(dataset, split)
@@ -359,7 +368,10 @@ class RetrievalAugmentedTask(FairseqTask):
     def build_criterion(self, cfg, from_checkpoint=False):
         from rag_plugin.models.fid import refuse_criterion  # FiD trains with cross-entropy, RAG with marginal_nll
 
-        return refuse_criterion(getattr(self, "model_variant", None), super().build_criterion(cfg, from_checkpoint))
+        criterion = super().build_criterion(cfg, from_checkpoint)
+        criterion = refuse_criterion(getattr(self, "model_variant", None), criterion)
+        retriever_options.check_criterion(self.cfg, criterion)  # --retriever-loss: never silently ignored
+        return criterion
 
     # ------------------------------------------------------------------ generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,

@@ -1,0 +1,83 @@
+"""What a criterion adds for ``--retriever-loss`` and for the retriever's recall: the loss from a model's
+output (the math is :mod:`rag_plugin.core.retriever_losses`), the recall@K of the gold passages, and their
+logging (``retriever_loss``, ``recall_at_K``).
+
+A criterion calls :func:`retriever_loss` with what it has computed anyway (the per-document target
+log-probs of a RAG reader), adds ``weight x loss x sample_size / nsentences`` to its summed loss (so that,
+after fairseq divides by the sample size, the retriever loss enters as its mean per question), and puts
+:func:`retriever_stats` into its logging output.
+"""
+import math
+from typing import Optional
+
+import torch
+
+from rag_plugin.core import retriever_losses as R
+from rag_plugin.tasks.retriever_options import ATTENTION_KEY
+from rag_plugin.util.errors import UserError
+
+
+def options(task) -> tuple:
+    """(loss name, weight, temperature) from the task's config; ('none', 0, 1) for a task without them."""
+    cfg = getattr(task, "cfg", None)
+    loss = str(getattr(cfg, "retriever_loss", "none") or "none")
+    return loss, float(getattr(cfg, "retriever_loss_weight", 1.0)), float(getattr(cfg, "retriever_temperature", 1.0))
+
+
+def retriever_loss(name: str, extra: dict, temperature: float, token_lp: Optional[torch.Tensor] = None,
+                   doc_lp: Optional[torch.Tensor] = None, target_mask: Optional[torch.Tensor] = None,
+                   variant: Optional[str] = None) -> torch.Tensor:
+    """Per-question retriever loss [B]. ``extra``: the model's output extras (``doc_scores`` [B, K], the
+    retriever's logits with their gradient; for adist ``doc_attention_scores`` [B, K]). RAG readers hand
+    ``token_lp`` [B, K, T] (log p(y_t|x,z,y<t)), ``doc_lp`` [B, K] (the model's prior), ``target_mask`` and
+    ``variant`` (``token``/``sequence``, for loop)."""
+    scores = extra["doc_scores"].float()
+    if name == "adist":
+        attention = extra.get(ATTENTION_KEY)
+        if attention is None:
+            raise UserError("--retriever-loss adist needs the reader's cross-attention scores over documents, and "
+                            "this model's output has none", fix="use --retriever-loss pdist, emdr2 or loop")
+        return R.adist_loss(scores, attention.float(), temperature)
+    if token_lp is None:
+        raise UserError(f"--retriever-loss {name} needs the reader's likelihood of the answer under each document, "
+                        f"which this criterion does not compute", fix="use --criterion marginal_nll with a RAG model")
+    if name == "loop":
+        return R.loop_loss(scores, token_lp, doc_lp, target_mask, variant, temperature)
+    seq_lp = R.sequence_log_likelihood(token_lp, target_mask)
+    if name == "pdist":
+        return R.pdist_loss(scores, seq_lp, temperature)
+    if name == "emdr2":
+        return R.emdr2_loss(scores, seq_lp, temperature)
+    raise ValueError(f"unknown retriever loss {name!r}")
+
+
+def gold_hits(doc_rows: torch.Tensor, gold_rows: torch.Tensor) -> torch.Tensor:
+    """Bool [B]: a gold passage of the question is among its retrieved rows (gold rows pad with -1)."""
+    same = doc_rows.to(gold_rows.device).unsqueeze(-1) == gold_rows.unsqueeze(1)   # [B, K, G]
+    return (same & gold_rows.ge(0).unsqueeze(1)).any(-1).any(-1)
+
+
+def retriever_stats(doc_rows: Optional[torch.Tensor], gold_rows: Optional[torch.Tensor]) -> dict:
+    """Logging-output entries for the recall@K of the gold passages: ``gold_hits_at_K`` (summed over the
+    questions that have a gold passage in the knowledge source; their count is the criterion's
+    ``n_with_gold``). Empty without retrieval or gold passages."""
+    if doc_rows is None or gold_rows is None:
+        return {}
+    named = gold_rows.ge(0).any(-1)
+    return {f"gold_hits_at_{doc_rows.size(1)}": (gold_hits(doc_rows, gold_rows) & named).sum().data}
+
+
+def log_retriever_metrics(logging_outputs, metrics) -> None:
+    """``retriever_loss`` (bits per question, as fairseq logs losses) and ``recall_at_K`` (share of the
+    questions with a gold passage whose K retrieved passages hold one)."""
+    def total(key):
+        return sum(float(log.get(key, 0)) for log in logging_outputs)
+
+    nsent = total("nsentences")
+    if any("retriever_loss" in log for log in logging_outputs):
+        metrics.log_scalar("retriever_loss", total("retriever_loss") / max(nsent, 1) / math.log(2), nsent, round=4)
+    n_gold = total("n_with_gold")
+    keys = sorted({k for log in logging_outputs for k in log if k.startswith("gold_hits_at_")})
+    for key in keys:
+        if n_gold > 0:
+            metrics.log_scalar(f"recall_at_{key[len('gold_hits_at_'):]}", total(key) / n_gold, n_gold, round=4)
