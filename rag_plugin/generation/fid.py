@@ -21,6 +21,7 @@ from fairseq.tasks import FairseqTask
 from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, _teacher_forcing_rows
 from rag_plugin.generation.fid_attention import teacher_forced
+from rag_plugin.generation.scorer import reference_hypotheses
 from rag_plugin.util.errors import UserError
 
 
@@ -87,13 +88,7 @@ class FidScorer(_FidGeneratorBase):
         target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
         b, k = doc_scores.shape
         token_lp, shares = teacher_forced(self.rag, encoder_out, torch.arange(b), prev, target, k)
-        mask = target.ne(self.rag.pad)
-        hypos = []
-        for i in range(b):
-            n = int(mask[i].sum())
-            pos = token_lp[i, :n]
-            hypos.append([{"tokens": target[i, :n], "score": pos.sum() / max(n, 1), "positional_scores": pos,
-                           "alignment": None, "attention": None}])
+        hypos = reference_hypotheses(target, token_lp, self.rag.pad)
         self._attention = [shares[i: i + 1].cpu() for i in range(b)]
         return hypos, {"rows": rows, "doc_lp": M.doc_log_prior(doc_scores.float())}
 

@@ -25,10 +25,15 @@ class RagScorer(RagGeneratorBase):
             positional = M.rag_sequence_positional_scores(token_lp, doc_lp)
         else:
             positional = M.rag_token_positional_scores(token_lp, doc_lp)
-        hypos = []
-        for i in range(b):
-            n = int(mask[i].sum())
-            pos = positional[i, :n]
-            hypos.append([{"tokens": target[i, :n], "score": pos.sum() / max(n, 1), "positional_scores": pos,
-                           "alignment": None, "attention": None}])
-        return hypos, {"rows": extra["doc_rows"], "doc_lp": doc_lp}
+        return reference_hypotheses(target, positional, rag.pad), {"rows": extra["doc_rows"], "doc_lp": doc_lp}
+
+
+def reference_hypotheses(target: torch.Tensor, positional: torch.Tensor, pad: int):
+    """One hypothesis per target row in fairseq's form: the target without padding, its per-token scores
+    (``positional`` [B, T]) and their sum divided by the length (fairseq's SequenceScorer)."""
+    hypos = []
+    for i, n in enumerate(target.ne(pad).sum(dim=1).tolist()):
+        pos = positional[i, :n]
+        hypos.append([{"tokens": target[i, :n], "score": pos.sum() / max(n, 1), "positional_scores": pos,
+                       "alignment": None, "attention": None}])
+    return hypos
