@@ -172,6 +172,18 @@ class KnowledgeSource:
         numbers = range(self.num_shards) if numbers is None else numbers
         return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self.search_params.get("nprobe"))
 
+    def reopened(self) -> "KnowledgeSource":
+        """The source's current version, opened afresh (after ``rag-update-knowledge``), with this one's index mode
+        and search settings; refused unless it has the same document encoder and generator tokenizer."""
+        fresh = KnowledgeSource(str(self.root), index_mode=self.index_mode)
+        fresh.check_encoder(self.encoder_identity, what="the document encoder of the version open so far")
+        if fresh.passages.tokenizer_identity != self.passages.tokenizer_identity:
+            raise UserError(f"version {fresh.version} pre-tokenizes its passages with another generator vocabulary",
+                            path=str(fresh.directory), fix="update knowledge sources with rag-update-knowledge only")
+        if self._search_params:
+            fresh.set_search_params(**self._search_params)
+        return fresh
+
     def _shard_vectors(self, number: int) -> np.ndarray:
         if number not in self._shard_arrays:
             entry: ShardEntry = self.shards[number]
@@ -189,10 +201,10 @@ class KnowledgeSource:
         """IVF ``nprobe`` / HNSW ``efSearch`` for every shard (those opened now and those opened later);
         checked against the first shard now."""
         params = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
-        faiss_index.set_search_params(self.part(0).index, **params)
-        self._search_params.update(params)
+        self.part(0)  # at least one shard open: a setting its index type lacks is refused here
         for part in self._parts.values():
             faiss_index.set_search_params(part.index, **params)
+        self._search_params.update(params)
 
     def load_generator_tokenizer(self):
         """The generator tokenizer the passages were pre-tokenized with (copied into ``tokenizer/``)."""

@@ -204,17 +204,8 @@ class RetrievalAugmentedTask(FairseqTask):
     def reopen_knowledge(self) -> int:
         """Open the knowledge source's current version again (``rag-update-knowledge`` made a newer one); the
         retriever and the models' retrieval contexts made after this use it. Returns the version now open."""
-        from rag_plugin.retrieval.knowledge import KnowledgeSource
-
-        fresh = KnowledgeSource(self.cfg.knowledge, index_mode=self.knowledge.index_mode)
-        fresh.check_encoder(self.knowledge.encoder_identity, what="the document encoder of the version open so far")
-        if fresh.passages.tokenizer_identity != self.knowledge.passages.tokenizer_identity:
-            raise UserError(f"version {fresh.version} pre-tokenizes its passages with another generator vocabulary",
-                            path=str(fresh.directory), fix="update knowledge sources with rag-update-knowledge only")
-        if self.knowledge.search_params:
-            fresh.set_search_params(**self.knowledge.search_params)
-        self.knowledge, self._retriever, self._bm25 = fresh, None, None
-        return fresh.version
+        self.knowledge, self._retriever, self._bm25 = self.knowledge.reopened(), None, None
+        return self.knowledge.version
 
     @property
     def bm25(self):
