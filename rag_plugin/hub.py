@@ -90,7 +90,7 @@ class RAG:
             raise UserError(f"the checkpoint's knowledge source {cfg.task.get('knowledge')!r} is not here",
                             path=checkpoint, fix="pass knowledge=KS_DIR (a knowledge source with the same encoder)")
         task = tasks.setup_task(cfg.task)
-        model = task.build_model(cfg.model)
+        model = task.build_model(cfg.model, from_checkpoint=True)  # served, not trained (see RetrievalContext)
         model.load_state_dict(state["model"], strict=True)
         return cls(task, model)
 
