@@ -105,6 +105,9 @@ class RAG:
         version = self.task.reopen_knowledge()
         context = self.task.retrieval_context(self.model.cfg)
         self.model.context, self.model.retriever = context, context.retriever
+        from rag_plugin.models.doc_encoder import check_document_agreement
+
+        check_document_agreement(self.model)  # --train-doc-encoder: are the new version's vectors its encoder's?
         return version
 
     @property

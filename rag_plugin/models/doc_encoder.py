@@ -134,20 +134,21 @@ def plain_state(state: Dict[str, torch.Tensor], scale: float) -> Dict[str, torch
 
 
 def plain_tower_state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """``module``'s state dict as a module without parametrisations would have it: the effective weights."""
-    from torch.nn.utils import parametrize
-
+    """``module``'s state dict as a module without parametrisations would have it: the effective weights, in
+    float32 whatever the module's dtype (the stored weights upcast, then scaled: as
+    :func:`doc_encoder_state_from_checkpoint` computes them from a checkpoint, so that the two hash alike)."""
     out = {}
     for key, value in module.state_dict().items():
         if _MARKER in key:
             if key.endswith(_ORIGINAL):
                 head, rest = key.split(_MARKER, 1)
                 name = rest[:-len(_ORIGINAL)]
-                owner = module.get_submodule(head)
-                assert parametrize.is_parametrized(owner, name)
-                out[f"{head}.{name}"] = getattr(owner, name).detach()
+                weight = value.detach().float()
+                for parametrization in module.get_submodule(head).parametrizations[name]:
+                    weight = parametrization(weight)
+                out[f"{head}.{name}"] = weight
         else:
-            out[key] = value.detach()
+            out[key] = value.detach().float() if value.is_floating_point() else value.detach()
     return out
 
 
@@ -185,7 +186,8 @@ def doc_encoder_state_from_checkpoint(path: str) -> Dict[str, torch.Tensor]:
     if not weights:
         raise UserError(f"the checkpoint records --train-doc-encoder but holds no {prefix}* weights", path=str(path),
                         fix="use a checkpoint written by fairseq-train with the plugin")
-    return {k: v.float() for k, v in plain_state(weights, _checkpoint_scale(cfg)).items()}
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}  # --fp16 checkpoints
+    return plain_state(weights, _checkpoint_scale(cfg))
 
 
 # ---------------------------------------------------------------------------------- agreement with the index
