@@ -184,6 +184,23 @@ def test_plain_weights_resolve_the_learning_rate_scale(tiny_world):
         torch.testing.assert_close(plain[k], v, rtol=1e-6, atol=1e-7)
 
 
+def test_checkpoints_with_and_without_doc_encoder_load_across(tiny_world):
+    """--finetune-from-model of a plain RAG checkpoint with --train-doc-encoder: the document encoder starts as the
+    knowledge source's; a --train-doc-encoder checkpoint loaded without the option: its document tower is left out."""
+    task = _task(tiny_world)
+    plain = RagTokenModel.build_model(RagConfig(generator_size="tiny"), task)
+    _perturb(plain.query_encoder)
+    model = _model(task)  # built as fairseq-train builds it: its document encoder is the knowledge source's
+    model.load_state_dict(plain.state_dict())
+    assert torch.equal(model.query_encoder.bert_model.embeddings.word_embeddings.weight,
+                       plain.query_encoder.bert_model.embeddings.word_embeddings.weight)
+    for k, v in task.text_encoder.passage_tower.state_dict().items():
+        assert torch.equal(model.doc_encoder_state()[k], v), k
+    _perturb(model.doc_encoder)
+    plain.load_state_dict(model.state_dict())
+    assert not any(k.startswith("doc_encoder.") for k in plain.state_dict())
+
+
 def test_checkpoint_without_doc_encoder_is_a_one_line_error(tmp_path):
     path = tmp_path / "plain.pt"
     torch.save({"cfg": {"model": {"train_doc_encoder": False}}, "model": {"query_encoder.w": torch.zeros(2)}}, path)
@@ -291,6 +308,8 @@ def test_fairseq_train_trains_the_doc_encoder(tiny_world, runs):
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
     ckpt = _trained(runs, "doc")
+    log = runs["doc"][1].stdout_text + runs["doc"][1].stderr
+    assert "| valid |" in log and "'train_doc_encoder': True" in log  # validated with the recomputed scores
     state = _load(ckpt)
     initial = KnowledgeSource(str(tiny_world["ks"])).load_encoder().passage_tower.state_dict()
     plain = doc_side.doc_encoder_state_from_checkpoint(str(ckpt))
