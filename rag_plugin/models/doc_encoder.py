@@ -198,19 +198,30 @@ def version_document_hash(knowledge) -> Optional[str]:
 
 
 def check_document_agreement(model) -> None:
-    """Served from a checkpoint (not trained), a model with its own document encoder must read a version whose
-    vectors that encoder made: else p(z|x) would rank by vectors of another encoder. A one-line error."""
+    """Served from a checkpoint (not trained), a dense model must read a version whose vectors its document encoder
+    made: its own (--train-doc-encoder), else the one it was trained with (a version re-embedded with another tower
+    would be read through a query encoder trained against other vectors). A one-line error."""
     context = model.context
-    if model.doc_encoder is None or not context.serving or context.knowledge is None or context.retriever is None:
+    if not context.serving or context.knowledge is None or context.retriever is None or model.query_encoder is None:
         return
+    trained = model.doc_encoder is not None
+    if trained:
+        mine = document_tower_sha256(model.doc_encoder)
+    else:
+        encoder = (model.knowledge_identity or {}).get("encoder") or {}
+        mine = encoder.get("passage_weights_sha256")
+        if not mine or encoder.get("kind") == "imported":  # unknown document encoder: nothing to compare
+            return
     knowledge = context.knowledge
-    if document_tower_sha256(model.doc_encoder) == version_document_hash(knowledge):
+    theirs = version_document_hash(knowledge)
+    if theirs is None or getattr(knowledge, "imported", False) or mine == theirs:  # unknown: nothing to compare
         return
     where = str(context.identity.get("knowledge") or knowledge.root)
+    fix = (f"re-embed: rag-update-knowledge --knowledge {where} --reembed {context.checkpoint or 'CHECKPOINT'} (a new "
+           f"version), then generate again" if trained else
+           "generate with a version embedded with the document encoder the checkpoint was trained with")
     raise UserError(f"the checkpoint's document encoder differs from the vectors of {where} version "
-                    f"{knowledge.version}", path=context.checkpoint,
-                    fix=f"re-embed: rag-update-knowledge --knowledge {where} --reembed "
-                        f"{context.checkpoint or 'CHECKPOINT'} (a new version), then generate again")
+                    f"{knowledge.version}", path=context.checkpoint, fix=fix)
 
 
 def complete_state(model, state_dict: dict) -> dict:

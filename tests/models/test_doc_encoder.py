@@ -234,6 +234,23 @@ def test_served_model_must_agree_with_the_version(tiny_world):
         del manifest["document_tower_sha256"]
 
 
+def test_served_plain_model_refuses_a_re_embedded_version(tiny_world):
+    """Without --train-doc-encoder the model's document encoder is the one it was trained with: a version re-embedded
+    with another tower (document_tower_sha256 in its manifest) is refused when served, the plain version is not."""
+    task = _task(tiny_world)
+    torch.manual_seed(1)
+    served = task.build_model(_fairseq_cfg(RagConfig(generator_size="tiny")), from_checkpoint=True)
+    state = served.state_dict()
+    served.load_state_dict(state)
+    manifest = task.knowledge.manifest
+    manifest["document_tower_sha256"] = "f" * 64
+    try:
+        with pytest.raises(UserError, match="document encoder differs .* embedded with the document encoder"):
+            served.load_state_dict(state)
+    finally:
+        del manifest["document_tower_sha256"]
+
+
 def test_document_side_identity_check_spares_a_trained_doc_encoder(tiny_world):
     task = _task(tiny_world)
     identity = dict(task.knowledge.encoder_identity, passage_weights_sha256="0" * 64)
