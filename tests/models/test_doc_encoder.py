@@ -321,6 +321,7 @@ def _trained(runs, name) -> Path:
     return save / "checkpoint_last.pt"
 
 
+@pytest.mark.slow
 def test_fairseq_train_trains_the_doc_encoder(tiny_world, runs):
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
@@ -345,6 +346,7 @@ def test_fairseq_train_trains_the_doc_encoder(tiny_world, runs):
     assert any(not torch.equal(query[k], plain[k]) for k in plain)
 
 
+@pytest.mark.slow
 def test_shared_towers_with_rerank_train_one_tower(tiny_world, runs):
     ckpt = _trained(runs, "shared")
     model = _load(ckpt)["model"]
@@ -355,6 +357,7 @@ def test_shared_towers_with_rerank_train_one_tower(tiny_world, runs):
     assert set(plain) == set(query) and all(torch.equal(plain[k], query[k]) for k in plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,needle", [("few", "--rerank-top 2 is fewer than --n-docs 3"),
                                          ("fid", "--train-doc-encoder trains the document encoder through p(z|x)")])
 def test_bad_options_on_the_command_line(runs, name, needle):
@@ -363,6 +366,7 @@ def test_bad_options_on_the_command_line(runs, name, needle):
                                                  stdout=proc.stdout_text), needle)
 
 
+@pytest.mark.slow
 def test_generation_refuses_a_doc_encoder_the_vectors_do_not_come_from(tiny_world, runs):
     ckpt = _trained(runs, "doc")
     proc = _run("fairseq-generate", tiny_world, "--path", ckpt, "--gen-subset", "test", "--beam", "2")
