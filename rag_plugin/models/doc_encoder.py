@@ -23,6 +23,7 @@ two differ (:func:`check_document_agreement`); in training the index is expected
 from __future__ import annotations
 
 import copy
+import logging
 import types
 from typing import Dict, Optional, Tuple
 
@@ -30,6 +31,8 @@ import torch
 
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
 from rag_plugin.util.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 #: the parametrisation marker of a parameter whose learning rate is scaled (rag_plugin/models/rag.py)
 _MARKER = ".parametrizations."
@@ -231,6 +234,8 @@ def complete_state(model, state_dict: dict) -> dict:
     tower = model._modules.get("doc_encoder")  # None with --share-encoder-towers (the query encoder's keys)
     theirs = any(k.startswith("doc_encoder.") for k in state_dict)
     if tower is not None and not theirs:
+        logger.info("the checkpoint has no document encoder: --train-doc-encoder starts from the model's own (the "
+                    "knowledge source's)")
         return {**state_dict, **{f"doc_encoder.{k}": v for k, v in tower.state_dict().items()}}
     if theirs and tower is None:
         return {k: v for k, v in state_dict.items() if not k.startswith("doc_encoder.")}

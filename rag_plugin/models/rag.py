@@ -8,6 +8,8 @@ Per batch of B questions and K documents::
     src = <s> question </s> title </s> passage </s>   for each of the B*K pairs
     logits = BART(src, prev_output_tokens)      [B*K, T, V]
 
+With ``--train-doc-encoder`` d(z) comes from the model's own document encoder instead, recomputed on the
+retrieved passages' texts (gradient reaches it too; see :mod:`rag_plugin.models.doc_encoder`).
 The criterion and the generators marginalise over documents with
 :mod:`rag_plugin.core.marginalization`. The two registered models differ only in ``variant``.
 With ``n_docs == 0`` the model is the closed-book BART baseline (no retrieval).
@@ -365,7 +367,7 @@ class RagModel(BaseFairseqModel):
     def get_extra_state(self):
         """Saved in the checkpoint: the knowledge source (encoder) this model was trained with."""
         state = {"knowledge": json.dumps(self.knowledge_identity or {}, sort_keys=True), "variant": self.variant}
-        if self.doc_encoder is not None:  # what a re-embedded version records (~0.1 s for MiniLM's 22M weights)
+        if self.doc_encoder is not None:  # what a re-embedded version records (~0.2 s for MiniLM-L6's 22.6M weights)
             state["document_tower_sha256"] = doc_side.document_tower_sha256(self.doc_encoder)
         return state
 
