@@ -29,7 +29,7 @@ def parse_args(argv=None):
     ap.add_argument("--pseudo-updates", type=int, default=2000,
                     help="updates of the second pretraining stage (pseudo-questions, BM25, one document); 0: none")
     ap.add_argument("--updates", type=int, default=400, help="training updates per system")
-    ap.add_argument("--hotswap-updates", type=int, default=800,
+    ap.add_argument("--hotswap-updates", type=int, default=400,
                     help="updates on the country facts both sources state alike, before the hot-swap test "
                          "(0: test the nq_demo models as they are)")
     ap.add_argument("--jeopardy-updates", type=int, default=150, help="updates of the Jeopardy RAG-Token model")

