@@ -168,6 +168,7 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         new = current.version + 1
         recorded = settings_part(current.manifest.get("build_settings") or {})
         changes = read_changes(current, add, delete, replace, recorded.get("split_words"))
+        carried = _check_reembedded(current, changes)
         files = [str(Path(f).resolve()) for f in [*add, *replace, *([delete] if delete else [])]]
         settings = update_settings(current, files)
         n_new = len(current) - len(changes.deleted) + len(changes.added)
@@ -176,7 +177,7 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         if not (final / MANIFEST).is_file():
             extra = {"version": new, "previous_version": current.version,
                      "update": {"added": len(changes.added), "deleted": len(changes.deleted),
-                                "replaced": len(changes.replaced), "retrained": template is None}}
+                                "replaced": len(changes.replaced), "retrained": template is None}, **carried}
             partial.parent.mkdir(parents=True, exist_ok=True)
             build_knowledge_source(str(partial), settings, encoder=encoder, batch_size=batch_size,
                                    shard_size=shard_size, progress=progress,
@@ -190,6 +191,19 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         if keep:
             remove_old_versions(root, keep, log)
         return KnowledgeSource(str(root))
+
+
+def _check_reembedded(current: KnowledgeSource, changes: Changes) -> dict:
+    """A version re-embedded with a trained document tower (rag_plugin/build/reembed.py) can lose passages (its
+    record carried on), not gain any: the tower is not stored with it, the source's own would embed them."""
+    carried = {k: current.manifest[k] for k in ("document_tower_sha256", "reembedded_from") if k in current.manifest}
+    if carried and (changes.added or changes.replaced):
+        raise UserError(f"version {current.version} was re-embedded with a trained document tower "
+                        f"({carried.get('reembedded_from')}): new or edited passages cannot be embedded like it",
+                        path=str(current.directory / MANIFEST),
+                        fix="delete only here; to add or edit passages, rebuild the source (rag-build-knowledge), "
+                            "then re-embed it (rag-update-knowledge --reembed CHECKPOINT)")
+    return carried
 
 
 def remove_old_versions(root: Path, keep: int, log) -> List[int]:
