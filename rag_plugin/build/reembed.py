@@ -267,6 +267,7 @@ def main(argv=None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch and FAISS threads")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help="passages per embedding chunk")
     p.add_argument("--wait-minutes", type=float, default=24 * 60)
     p.add_argument("--result", default=None, help="write {version, seconds} here (JSON) when done")
     args = p.parse_args(argv)
@@ -279,7 +280,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     version = reembed(args.knowledge, read_tower_state(args.tower), what=args.what or args.tower, rank=args.rank,
                       world=args.world, base_version=args.base_version, batch_size=args.batch_size,
-                      progress=False, wait_minutes=args.wait_minutes, log=lambda m: print(m, flush=True))
+                      shard_size=args.chunk_size, progress=False, wait_minutes=args.wait_minutes,
+                      log=lambda m: print(m, flush=True))
     if args.result:
         atomic_write_json(args.result, {"version": version, "seconds": round(time.perf_counter() - t0, 2),
                                         "rank": args.rank})

@@ -19,6 +19,7 @@ any point, the previous version stays current and byte-identical, and the same c
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -174,6 +175,7 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         n_new = len(current) - len(changes.deleted) + len(changes.added)
         template = index_plan(current, changes, n_new, retrain, log)
         partial, final = versions.partial_dir(root, new), versions.version_dir(root, new)
+        _discard_other_finished(final, settings, log)
         if not (final / MANIFEST).is_file():
             extra = {"version": new, "previous_version": current.version,
                      "update": {"added": len(changes.added), "deleted": len(changes.deleted),
@@ -191,6 +193,17 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         if keep:
             remove_old_versions(root, keep, log)
         return KnowledgeSource(str(root))
+
+
+def _discard_other_finished(final: Path, settings: BuildSettings, log) -> None:
+    """A complete v+1 that was never made current (a re-embedding killed before its switch) is not this update's."""
+    manifest = final / MANIFEST
+    if manifest.is_file() and not versions.in_use(final):
+        recorded = settings_part(json.loads(manifest.read_text(encoding="utf-8")).get("build_settings") or {})
+        if recorded != settings.fingerprint():
+            log(f"discarding {final.name}: a version of other content that was never made current")
+            manifest.unlink()
+            shutil.rmtree(final)
 
 
 def _check_reembedded(current: KnowledgeSource, changes: Changes) -> dict:

@@ -231,3 +231,16 @@ def test_command_line(tmp_path):
     assert third.manifest["document_tower_sha256"] == state_dict_sha256(state)
     np.testing.assert_array_equal(_vectors(third), np.delete(_vectors(new), 3, axis=0))
     assert json.loads((root / "versions" / "000002" / "manifest.json").read_text())["version"] == 2
+
+
+def test_an_update_does_not_take_over_a_reembedded_version_never_made_current(tmp_path):
+    from rag_plugin.build.update import update_knowledge_source
+
+    ks = _build(tmp_path)
+    root = tmp_path / "ks"
+    reembed(str(root), _perturbed(_own_state(ks)), what="x", shard_size=CHUNK, progress=False, log=_quiet)
+    versions.switch_to(root, 1)  # as if killed between the rename of version 2 and the switch
+    (tmp_path / "gone.txt").write_text(ks.passages.id(0) + "\n")
+    updated = update_knowledge_source(str(root), delete=str(tmp_path / "gone.txt"), progress=False, log=_quiet)
+    assert updated.version == 2 and len(updated) == N - 1 and "document_tower_sha256" not in updated.manifest
+    np.testing.assert_array_equal(_vectors(updated), _vectors(ks)[1:])
