@@ -244,3 +244,38 @@ def test_an_update_does_not_take_over_a_reembedded_version_never_made_current(tm
     updated = update_knowledge_source(str(root), delete=str(tmp_path / "gone.txt"), progress=False, log=_quiet)
     assert updated.version == 2 and len(updated) == N - 1 and "document_tower_sha256" not in updated.manifest
     np.testing.assert_array_equal(_vectors(updated), _vectors(ks)[1:])
+
+
+GROUP_RANK = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+from rag_plugin.build.distributed import BuildGroup
+from rag_plugin.build.reembed import reembed
+from rag_plugin.retrieval.knowledge import KnowledgeSource
+from tests.build.test_reembed import CHUNK, _own_state, _perturbed
+
+root = sys.argv[1]
+group = BuildGroup.from_environment()
+state = _perturbed(_own_state(KnowledgeSource(root)))
+print("version", reembed(root, state, what="g", group=group, shard_size=CHUNK, progress=False, log=print))
+group.close()
+"""
+
+
+def test_a_torchrun_group_splits_the_embedding_and_rank_0_commits(tmp_path):
+    from tests.build.test_distributed_build import _ranks
+
+    ks = _build(tmp_path)
+    root = tmp_path / "ks"
+    procs = _ranks(2, ["-c", GROUP_RANK], str(root), str(ROOT))
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "version 2" in proc.stdout
+    new = KnowledgeSource(str(root))
+    state = _perturbed(_own_state(ks))
+    assert new.version == 2 and new.manifest["document_tower_sha256"] == state_dict_sha256(state)
+    reference = load_encoder(SPEC)
+    load_tower_state(reference.passage_tower, state, "test", "document tower")
+    expected = reference.encode_passages([ks.passages.title(r) for r in range(N)],
+                                         [ks.passages.text(r) for r in range(N)], progress=False)
+    np.testing.assert_allclose(_vectors(new), expected, atol=1e-5, rtol=0)
