@@ -85,13 +85,15 @@ def chunk_dir(root: Path, base: int, tower_sha: str) -> Path:
 
 def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank: int = 0, world: int = 1, group=None,
             log: Callable[[str], None] = print, progress: bool = True, encoder=None, base_version: Optional[int] = None,
-            shard_size: int = CHUNK_SIZE, batch_size: int = 64, wait_minutes: float = 24 * 60) -> int:
+            shard_size: int = CHUNK_SIZE, batch_size: int = 64, wait_minutes: float = 24 * 60,
+            device: str = "cpu") -> int:
     """Write version v+1 of ``knowledge_dir`` (v: ``base_version``, default the current one) with every passage
     embedded again by a passage tower holding ``tower_state``, and make it current (see the module docstring).
     ``group``: a :class:`~rag_plugin.build.distributed.BuildGroup` (its rank and world; rank 0 returns when the
     version is current, the others with it); without one, ``rank``/``world`` split the chunks between independent
     processes, and ranks other than 0 return once their chunks are written. ``encoder``: a ready
-    :class:`TowerEncoder` (tests) in place of ``tower_state``. Returns the new version's number."""
+    :class:`TowerEncoder` in place of ``tower_state``; ``device``: where the tower made from ``tower_state`` runs.
+    Returns the new version's number."""
     from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 
     t0 = time.perf_counter()
@@ -101,6 +103,7 @@ def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank:
     current = KnowledgeSource(str(root), version=base_version)
     if encoder is None:
         encoder = tower_encoder(current, tower_state, what)
+        encoder.encoder.to(device)
     elif tower_state is not None and encoder.tower_sha != state_dict_sha256(tower_state):
         raise ValueError("the encoder given does not hold tower_state")
     chunks = chunk_dir(root, current.version, encoder.tower_sha)
@@ -266,6 +269,7 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch and FAISS threads")
+    p.add_argument("--device", default="cpu", help="where the passage tower runs: cpu, cuda, cuda:N")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help="passages per embedding chunk")
     p.add_argument("--wait-minutes", type=float, default=24 * 60)
@@ -278,8 +282,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads)
     t0 = time.perf_counter()
-    version = reembed(args.knowledge, read_tower_state(args.tower), what=args.what or args.tower, rank=args.rank,
-                      world=args.world, base_version=args.base_version, batch_size=args.batch_size,
+    current = KnowledgeSource(args.knowledge, version=args.base_version)
+    what = args.what or args.tower
+    encoder = tower_encoder(current, read_tower_state(args.tower), what)
+    encoder.encoder.to(args.device)
+    base = current.version
+    del current
+    version = reembed(args.knowledge, None, what=what, encoder=encoder, rank=args.rank,
+                      world=args.world, base_version=base, batch_size=args.batch_size,
                       shard_size=args.chunk_size, progress=False, wait_minutes=args.wait_minutes,
                       log=lambda m: print(m, flush=True))
     if args.result:

@@ -232,7 +232,7 @@ def remove_old_versions(root: Path, keep: int, log) -> List[int]:
         if version == 1:  # the source as built, at the top level: its files, not the versions beside them
             (d / MANIFEST).unlink()
             for entry in d.iterdir():
-                if entry.name not in (versions.CURRENT, versions.VERSIONS, versions.UPDATE_LOCK):
+                if entry.name not in (versions.CURRENT, versions.VERSIONS, versions.UPDATE_LOCK, ".reindex"):
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         else:
             (d / MANIFEST).unlink()  # first: a half-removed version can never be opened

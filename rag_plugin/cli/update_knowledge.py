@@ -31,6 +31,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--reembed", default=None, metavar="CHECKPOINT",
                    help="embed every passage again with this trained document tower (a checkpoint trained with "
                         "--train-doc-encoder, a .pt holding {'document_tower': state dict}, or .safetensors)")
+    p.add_argument("--device", default="cpu", help="with --reembed: where the document tower runs (cpu, cuda, cuda:N)")
     p.add_argument("--retrain", action="store_true",
                    help="train a new quantizer (IVF/PQ/SQ) on the new collection instead of keeping the current one")
     p.add_argument("--keep", type=int, default=None, metavar="N",
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
         from rag_plugin.build.update import remove_old_versions
 
         reembed(args.knowledge, read_tower_state(args.reembed), what=args.reembed, batch_size=args.batch_size,
-                progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
+                device=args.device, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
         if args.keep:
             remove_old_versions(Path(args.knowledge), args.keep, lambda m: print(m, file=sys.stderr))
         return 0

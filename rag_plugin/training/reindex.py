@@ -159,7 +159,7 @@ class Reindexer:
                "--what", f"training snapshot at update {update_num}", "--base-version", str(base),
                "--rank", str(self.rank), "--world", str(self.world), "--threads", str(cfg.reindex_threads),
                "--batch-size", str(cfg.reindex_batch_size), "--wait-minutes", str(cfg.reindex_wait_minutes),
-               "--chunk-size", str(self.chunk_size), "--result", str(result)]
+               "--chunk-size", str(self.chunk_size), "--result", str(result), "--device", self._device()]
         with open(self.log_file, "wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
                                          stdin=subprocess.DEVNULL, preexec_fn=self._child_setup(os.getpid()))
@@ -167,6 +167,10 @@ class Reindexer:
         if self.rank == 0:
             self.log(f"re-index of knowledge version {base} started at update {update_num} ({self.world} "
                      f"process(es), log {self.log_file})")
+
+    def _device(self) -> str:
+        device = str(getattr(self.cfg, "reindex_device", "cpu") or "cpu")
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device
 
     def _env(self) -> dict:
         import rag_plugin
@@ -209,9 +213,17 @@ class Reindexer:
                      f"{done.get('version', '?')} in {seconds:.1f}s")
 
     def close(self) -> None:
-        """Stop a running re-index (at the end of training or exit): its partial version stays partial."""
+        """Stop a running re-index (at the end of training or exit; its partial version stays partial), or wait for it
+        (``--reindex-wait-at-exit``)."""
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
+            return
+        if getattr(self.cfg, "reindex_wait_at_exit", False):
+            logger.info("waiting for the re-index started at update %d to land (--reindex-wait-at-exit): see %s",
+                        self.started_update, self.log_file)
+            rc = proc.wait()
+            logger.info("the re-index started at update %d ended (exit %d) after %.0fs", self.started_update, rc,
+                        time.monotonic() - self.started_at)
             return
         proc.terminate()
         try:

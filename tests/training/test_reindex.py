@@ -160,3 +160,19 @@ def test_fairseq_train_refuses_reindex_every_without_a_trained_document_encoder(
     assert code == 2, err[-3000:]
     lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "needs --train-doc-encoder" in lines[0] and "Traceback" not in err, err[-3000:]
+
+
+def test_wait_at_exit_lets_the_running_reindex_land(tmp_path, monkeypatch):
+    root = _build(tmp_path)
+    monkeypatch.setattr(reindex.Reindexer, "chunk_size", CHUNK)
+    task = FakeTask(str(root), every=2)
+    task.cfg.reindex_wait_at_exit = True
+    model = FakeModel(task.knowledge)
+    model.train_to(2)
+    r = reindex.reindexer(task, model)
+    r.step(task, model, 2)
+    assert r.proc is not None
+    r.close()  # what atexit does at the end of training
+    landed = KnowledgeSource(str(root))
+    assert landed.version == 2 and landed.manifest["reembedded_from"] == "training snapshot at update 2"
+    assert landed.manifest["document_tower_sha256"] == state_dict_sha256(model.doc_encoder_state())
