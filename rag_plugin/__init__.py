@@ -23,6 +23,7 @@ def register() -> None:
     import fairseq  # noqa: F401
 
     import rag_plugin.criterions.marginal_nll  # noqa: F401  (registers marginal_nll)
+    import rag_plugin.criterions.reader_cross_entropy  # noqa: F401  (registers reader_cross_entropy)
     import rag_plugin.models.fid  # noqa: F401  (registers fid and its archs)
     import rag_plugin.models.rag  # noqa: F401  (registers rag_token, rag_seq and their archs)
     import rag_plugin.optim.torch_adamw  # noqa: F401  (registers torch_adamw)

@@ -90,7 +90,7 @@ class RAG:
             raise UserError(f"the checkpoint's knowledge source {cfg.task.get('knowledge')!r} is not here",
                             path=checkpoint, fix="pass knowledge=KS_DIR (a knowledge source with the same encoder)")
         task = tasks.setup_task(cfg.task)
-        model = task.build_model(cfg.model)
+        model = task.build_model(cfg.model, from_checkpoint=True)  # served, not trained (see RetrievalContext)
         model.load_state_dict(state["model"], strict=True)
         return cls(task, model)
 
@@ -105,6 +105,9 @@ class RAG:
         version = self.task.reopen_knowledge()
         context = self.task.retrieval_context(self.model.cfg)
         self.model.context, self.model.retriever = context, context.retriever
+        from rag_plugin.models.doc_encoder import check_document_agreement
+
+        check_document_agreement(self.model)  # --train-doc-encoder: are the new version's vectors its encoder's?
         return version
 
     @property

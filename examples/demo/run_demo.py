@@ -33,7 +33,7 @@ def parse_args(argv=None):
                     help="updates on the country facts both sources state alike, before the hot-swap test "
                          "(0: test the nq_demo models as they are)")
     ap.add_argument("--jeopardy-updates", type=int, default=150, help="updates of the Jeopardy RAG-Token model")
-    ap.add_argument("--sweep", default="1,3,5,8", help="test-time K values of the sweep")
+    ap.add_argument("--sweep", default="1,3,5,8,16", help="test-time K values of the sweep")
     return ap.parse_args(argv)
 
 
@@ -53,9 +53,9 @@ def main(argv=None):
     pretrained = demo.pretrain(args.pretrain_updates, args.pseudo_updates)
     checkpoints = demo.train_systems(args.updates, init=pretrained)
     demo.leaderboard(checkpoints)
+    demo.k_sweep(checkpoints, [int(k) for k in args.sweep.split(",")])
     demo.hot_swap(checkpoints, args.hotswap_updates)
     demo.posterior_plot(pretrained, args.jeopardy_updates)
-    demo.k_sweep(checkpoints, [int(k) for k in args.sweep.split(",")])
     write_results(demo.results, runner.timings, time.perf_counter() - started, work)
     runner.log(f"\nRESULTS.md and RESULTS.json written ({demo.results['total_s'] / 60:.1f} min in all)")
     print("\n" + read_text(work / "leaderboard.md"))

@@ -33,7 +33,10 @@ The losses, per question ([B]); KL(p||q) = sum_k p_k (log p_k - log q_k), 0 wher
   per-token mixture), computed from ``token_lp`` and ``doc_lp`` (the model's prior at T = 1).
 
 With T the retriever's temperature, each KL is minimised (at 0) by s / T = target logits + constant:
-T sets the scale of the scores the retriever learns, not what it ranks first.
+T sets the scale of the scores the retriever learns, not what it ranks first. The distillation targets
+(pdist, adist, loop) take a temperature of their own, T_t (Atlas's ``temperature_gold``; its example
+recipes use 0.01 on both sides): the target is softmax_k(target logits / T_t); T_t < 1 sharpens it
+(attention shares in [0, 1] are an almost uniform target at T_t = 1).
 """
 from __future__ import annotations
 
@@ -54,6 +57,12 @@ def _check_scores(doc_scores: Tensor, other: Tensor, name: str) -> None:
     if doc_scores.dim() != 2 or tuple(other.shape[:2]) != tuple(doc_scores.shape):
         raise ValueError(f"doc_scores must be [B,K] and {name} [B,K,...] alike; got {tuple(doc_scores.shape)} "
                          f"and {tuple(other.shape)}")
+
+
+def _positive(temperature: float) -> float:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    return float(temperature)
 
 
 def retriever_log_probs(doc_scores: Tensor, temperature: float = 1.0) -> Tensor:
@@ -88,17 +97,21 @@ def sequence_log_likelihood(token_lp: Tensor, target_mask: Tensor) -> Tensor:
     return torch.where(keep, token_lp, torch.zeros_like(token_lp)).sum(-1)
 
 
-def pdist_loss(doc_scores: Tensor, seq_lp: Tensor, temperature: float = 1.0) -> Tensor:
-    """Perplexity distillation: KL(softmax_k(log p(y|x,z_k)) || p_T(z|x)). [B,K], [B,K] -> [B]."""
+def pdist_loss(doc_scores: Tensor, seq_lp: Tensor, temperature: float = 1.0, target_temperature: float = 1.0
+               ) -> Tensor:
+    """Perplexity distillation: KL(softmax_k(log p(y|x,z_k) / T_t) || p_T(z|x)). [B,K], [B,K] -> [B]."""
     _check_scores(doc_scores, seq_lp, "seq_lp")
-    return kl_from_target(_target(seq_lp, doc_scores), retriever_log_probs(doc_scores, temperature))
+    return kl_from_target(_target(seq_lp / _positive(target_temperature), doc_scores),
+                          retriever_log_probs(doc_scores, temperature))
 
 
-def adist_loss(doc_scores: Tensor, attention_scores: Tensor, temperature: float = 1.0) -> Tensor:
-    """Attention distillation: KL(softmax_k(a_k) || p_T(z|x)), ``a`` the reader's cross-attention score per
+def adist_loss(doc_scores: Tensor, attention_scores: Tensor, temperature: float = 1.0,
+               target_temperature: float = 1.0) -> Tensor:
+    """Attention distillation: KL(softmax_k(a_k / T_t) || p_T(z|x)), ``a`` the reader's cross-attention score per
     document [B,K]. -> [B]."""
     _check_scores(doc_scores, attention_scores, "attention_scores")
-    return kl_from_target(_target(attention_scores, doc_scores), retriever_log_probs(doc_scores, temperature))
+    return kl_from_target(_target(attention_scores / _positive(target_temperature), doc_scores),
+                          retriever_log_probs(doc_scores, temperature))
 
 
 def emdr2_loss(doc_scores: Tensor, seq_lp: Tensor, temperature: float = 1.0) -> Tensor:
@@ -137,11 +150,12 @@ def leave_one_out_log_likelihood(token_lp: Tensor, doc_lp: Tensor, target_mask: 
 
 
 def loop_loss(doc_scores: Tensor, token_lp: Tensor, doc_lp: Tensor, target_mask: Tensor, variant: str,
-              temperature: float = 1.0, loo_lp: Optional[Tensor] = None) -> Tensor:
+              temperature: float = 1.0, loo_lp: Optional[Tensor] = None, target_temperature: float = 1.0) -> Tensor:
     """Leave-one-out perplexity distillation: KL(softmax_k(-log p(y|x,D\\z_k)) || p_T(z|x)). -> [B].
 
     ``loo_lp``: the leave-one-out log-likelihoods if already computed (else from token_lp, doc_lp)."""
     if loo_lp is None:
         loo_lp = leave_one_out_log_likelihood(token_lp, doc_lp, target_mask, variant)
     _check_scores(doc_scores, loo_lp, "loo_lp")
-    return kl_from_target(_target(-loo_lp, doc_scores), retriever_log_probs(doc_scores, temperature))
+    return kl_from_target(_target(-loo_lp / _positive(target_temperature), doc_scores),
+                          retriever_log_probs(doc_scores, temperature))

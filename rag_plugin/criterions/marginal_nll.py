@@ -61,6 +61,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         self.sentence_avg = sentence_avg  # fairseq's --sentence-avg: gradients averaged per example, not per token
         self.best_checkpoint_metric = best_checkpoint_metric
         self.retriever_loss, self.retriever_loss_weight, self.retriever_temperature = RL.options(task)
+        self.retriever_target_temperature = RL.target_temperature(task)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -126,7 +127,8 @@ class MarginalNLLCriterion(FairseqCriterion):
         target = sample["target"]
         token_lp = M.target_token_log_probs(lprobs, target)
         return RL.retriever_loss(self.retriever_loss, net_output[1], self.retriever_temperature, token_lp=token_lp,
-                                 doc_lp=doc_lp, target_mask=target.ne(self.padding_idx), variant=model.variant)
+                                 doc_lp=doc_lp, target_mask=target.ne(self.padding_idx), variant=model.variant,
+                                 target_temperature=self.retriever_target_temperature)
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:

@@ -24,9 +24,14 @@ def options(task) -> tuple:
     return loss, float(getattr(cfg, "retriever_loss_weight", 1.0)), float(getattr(cfg, "retriever_temperature", 1.0))
 
 
+def target_temperature(task) -> float:
+    """``--retriever-target-temperature`` (1 for a task without it)."""
+    return float(getattr(getattr(task, "cfg", None), "retriever_target_temperature", 1.0))
+
+
 def retriever_loss(name: str, extra: dict, temperature: float, token_lp: Optional[torch.Tensor] = None,
                    doc_lp: Optional[torch.Tensor] = None, target_mask: Optional[torch.Tensor] = None,
-                   variant: Optional[str] = None) -> torch.Tensor:
+                   variant: Optional[str] = None, target_temperature: float = 1.0) -> torch.Tensor:
     """Per-question retriever loss [B]. ``extra``: the model's output extras (``doc_scores`` [B, K], the
     retriever's logits with their gradient; for adist ``doc_attention_scores`` [B, K]). RAG readers hand
     ``token_lp`` [B, K, T] (log p(y_t|x,z,y<t)), ``doc_lp`` [B, K] (the model's prior), ``target_mask`` and
@@ -37,15 +42,16 @@ def retriever_loss(name: str, extra: dict, temperature: float, token_lp: Optiona
         if attention is None:
             raise UserError("--retriever-loss adist needs the reader's cross-attention scores over documents, and "
                             "this model's output has none", fix="use --retriever-loss pdist, emdr2 or loop")
-        return R.adist_loss(scores, attention.float(), temperature)
+        return R.adist_loss(scores, attention.float(), temperature, target_temperature)
     if token_lp is None:
         raise UserError(f"--retriever-loss {name} needs the reader's likelihood of the answer under each document, "
                         f"which this criterion does not compute", fix="use --criterion marginal_nll with a RAG model")
     if name == "loop":
-        return R.loop_loss(scores, token_lp, doc_lp, target_mask, variant, temperature)
+        return R.loop_loss(scores, token_lp, doc_lp, target_mask, variant, temperature,
+                           target_temperature=target_temperature)
     seq_lp = R.sequence_log_likelihood(token_lp, target_mask)
     if name == "pdist":
-        return R.pdist_loss(scores, seq_lp, temperature)
+        return R.pdist_loss(scores, seq_lp, temperature, target_temperature)
     if name == "emdr2":
         return R.emdr2_loss(scores, seq_lp, temperature)
     raise ValueError(f"unknown retriever loss {name!r}")

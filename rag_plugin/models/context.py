@@ -5,9 +5,26 @@ The model never reaches into the task or the knowledge source for these; the tas
 knowledge source and options.
 """
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from rag_plugin.core.input_format import InputFormat
+from rag_plugin.util.errors import UserError
+
+#: the encoder identity fields a model that trains its own document encoder (``--train-doc-encoder``) must share
+#: with the knowledge source: the tower's shape and how passages become its inputs, not its weights (those are
+#: checked, after loading, against the version's document tower hash: rag_plugin/models/doc_encoder.py)
+TRAINED_DOCUMENT_SIDE = ("dim", "pooling", "vocab_sha256", "passage_format", "lowercase", "max_length")
+
+
+class PassageTokenizer:
+    """Passages (titles, texts) -> the document tower's inputs (input_ids, attention_mask, token_type_ids),
+    tokenized exactly as the knowledge source's encoder embedded them."""
+
+    def __init__(self, text_encoder):
+        self.text_encoder = text_encoder
+
+    def __call__(self, titles, texts):
+        return self.text_encoder.collate(self.text_encoder.tokenize_passages(titles, texts))
 
 
 @dataclass
@@ -26,8 +43,28 @@ class RetrievalContext:
     identity: dict = field(default_factory=dict)
     #: the knowledge source, for the checks a checkpoint's record is held against (or None)
     knowledge: Optional[object] = None
+    #: ``--train-doc-encoder``: (titles, texts) -> the document tower's input tensors (a :class:`PassageTokenizer`)
+    passage_tokenizer: Optional[Callable] = None
+    #: the model is loaded from a checkpoint to generate or evaluate (fairseq-generate/-validate/-interactive, the
+    #: hub), not trained: a document encoder it trained must be the one the open version's vectors come from
+    serving: bool = False
+    #: the checkpoint served (named in the fix of a mismatch), when the task knows it
+    checkpoint: Optional[str] = None
 
-    def check_trained_encoder(self, encoder_identity: dict) -> None:
-        """A one-line error if the checkpoint's document encoder is not this knowledge source's."""
-        if self.knowledge is not None and self.retriever is not None and encoder_identity:
+    def check_trained_encoder(self, encoder_identity: dict, document_tower_trained: bool = False) -> None:
+        """A one-line error if the checkpoint's document encoder is not this knowledge source's. A model that
+        trained its own document tower is held to the encoder's shape and tokenization only (its weights are
+        checked against the version's document tower hash once loaded)."""
+        if self.knowledge is None or self.retriever is None or not encoder_identity:
+            return
+        if not document_tower_trained:
             self.knowledge.check_encoder(encoder_identity, what="the checkpoint's document encoder")
+            return
+        mine = self.knowledge.encoder_identity
+        differ = [k for k in TRAINED_DOCUMENT_SIDE if k in mine and k in encoder_identity
+                  and mine[k] != encoder_identity[k]]
+        if differ:
+            raise UserError(f"the checkpoint's document encoder (trained with --train-doc-encoder) reads passages "
+                            f"unlike this knowledge source's encoder ({', '.join(differ)} differ)",
+                            path=str(getattr(self.knowledge, "directory", "")) or None,
+                            fix="use a knowledge source built with the encoder the model was trained from")

@@ -12,7 +12,10 @@ Trained with plain cross-entropy on the answer (fairseq's ``--criterion cross_en
 ``label_smoothed_cross_entropy``: the model's output is a fairseq decoder's). Retrieval, generator
 inputs, encoding, construction and checkpoint identity are :class:`~rag_plugin.models.rag.RagModel`'s;
 only :meth:`FidModel.forward` differs. The query encoder only chooses the passages read: no gradient
-reaches it, and it stays fixed.
+from the answer's cross-entropy reaches it. It stays fixed, unless the task's ``--retriever-loss adist``
+trains it towards each passage's share of the decoder's cross-attention (FiD-KD, Atlas's ADist): then the
+forward pass also returns those shares as ``extra["doc_attention_scores"]`` [B, K] (a constant), and the
+retriever's scores keep their gradient (criterion ``reader_cross_entropy`` adds the loss).
 """
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -20,17 +23,19 @@ from typing import Dict, List, Optional
 import torch
 from fairseq.models import register_model, register_model_architecture
 
-from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset
+from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
+from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset, query_encoder_lr_scale
+from rag_plugin.tasks.retriever_options import ATTENTION_KEY
 from rag_plugin.util.errors import UserError
 
 
 @dataclass
 class FidConfig(RagConfig):
     freeze_query_encoder: bool = field(
-        default=False, metadata={"help": "no effect on FiD: its query encoder is always fixed. Retrieval uses the "
-                                         "task's retriever at --n-docs, and cross-entropy on the answer has no "
-                                         "gradient path to the query encoder (the passages' retrieval scores are "
-                                         "not part of FiD's likelihood)"})
+        default=False, metadata={"help": "no effect on FiD: its query encoder is fixed unless --retriever-loss adist "
+                                         "trains it (cross-entropy on the answer has no gradient path to the query "
+                                         "encoder: the passages' retrieval scores are not part of FiD's "
+                                         "likelihood)"})
 
 
 def fuse_encodings(encoder_out: Dict[str, List[torch.Tensor]], k: int) -> Dict[str, List[torch.Tensor]]:
@@ -55,6 +60,10 @@ class FidModel(RagModel):
 
     variant = "fid"
     config_class = FidConfig
+    #: returns the decoder's cross-attention share of each passage when asked (--retriever-loss adist)
+    cross_attention_doc_scores = True
+    #: whether forward() returns the shares (set by build_model from the task's --retriever-loss)
+    returns_attention = False
 
     @classmethod
     def build_model(cls, cfg, task):
@@ -62,19 +71,34 @@ class FidModel(RagModel):
         if task.cfg.n_docs == 0:
             raise UserError("--n-docs 0 gives Fusion-in-Decoder (--arch fid_*) no passages to read",
                             fix="use --n-docs 1 or more, or --arch rag_token_* with --n-docs 0 for closed-book BART")
-        if cfg.query_encoder_lr_scale:
-            raise UserError(f"--query-encoder-lr-scale {cfg.query_encoder_lr_scale}: FiD's query encoder is not "
-                            "trained (cross-entropy on the answer has no gradient path to it)",
-                            fix="leave --query-encoder-lr-scale out with --arch fid_*")
-        cfg.freeze_query_encoder = True  # no gradient reaches it: no graph, no optimizer state
-        return super().build_model(cfg, task)
+        # the query encoder learns only from a retriever loss (adist: the decoder's cross-attention over the
+        # passages); otherwise no gradient reaches it: frozen, no graph, no optimizer state
+        adist = str(getattr(task.cfg, "retriever_loss", "none")) == "adist"
+        cfg.freeze_query_encoder = not adist
+        model = super().build_model(cfg, task)
+        model.returns_attention = adist
+        return model
 
-    def train(self, mode: bool = True):
-        """The fixed query encoder stays in eval mode: no dropout in the retrieval of training batches."""
-        super().train(mode)
-        if self.query_encoder is not None:
-            self.query_encoder.eval()
-        return self
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """A query encoder trained with --retriever-loss adist is saved with its learning-rate reparametrisation
+        (``...parametrizations.weight.original`` = weight / scale); generating, it is fixed and plain."""
+        state_dict = self._from_scaled_parameters(state_dict)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+    def _from_scaled_parameters(self, state_dict):
+        ours = self.state_dict()
+        marker = ".parametrizations."
+        if any(marker in k for k in ours) or not any(marker in k for k in state_dict):
+            return state_dict
+        scale = query_encoder_lr_scale(self.cfg)
+        plain = {}
+        for key, value in state_dict.items():
+            if marker in key and key.endswith(".original"):
+                head, rest = key.split(marker, 1)
+                plain[f"{head}.{rest[: -len('.original')]}"] = value * scale
+            else:
+                plain[key] = value
+        return plain
 
     def fused_encode(self, src_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
                      fixed_doc_scores=None, n_docs: Optional[int] = None):
@@ -91,7 +115,14 @@ class FidModel(RagModel):
         (the retriever's, for the record: no gradient) and ``extra["doc_rows"]`` [B, K]."""
         encoder_out, doc_scores, rows = self.fused_encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                           fixed_doc_scores, n_docs)
-        logits, extra = self.generator.decoder(prev_output_tokens, encoder_out=encoder_out)
+        if not self.returns_attention:
+            logits, extra = self.generator.decoder(prev_output_tokens, encoder_out=encoder_out)
+        else:
+            with CrossAttentionRecorder(self.generator.decoder) as recorded:
+                logits, extra = self.generator.decoder(prev_output_tokens, encoder_out=encoder_out)
+            attention = torch.stack(recorded.layers).mean(0)                         # [B, T, K*L]
+            extra[ATTENTION_KEY] = passage_shares(attention, prev_output_tokens.ne(self.pad),
+                                                  doc_scores.size(1)).detach()
         extra["doc_scores"] = doc_scores
         extra["doc_rows"] = rows
         return logits, extra
@@ -107,11 +138,13 @@ def refuse_criterion(variant: Optional[str], criterion):
     from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
 
     plain = {"CrossEntropyCriterion": "cross_entropy",
-             "LabelSmoothedCrossEntropyCriterion": "label_smoothed_cross_entropy"}.get(type(criterion).__name__)
+             "LabelSmoothedCrossEntropyCriterion": "label_smoothed_cross_entropy",
+             "ReaderCrossEntropyCriterion": "reader_cross_entropy"}.get(type(criterion).__name__)
     if variant == "fid" and isinstance(criterion, MarginalNLLCriterion):
         raise UserError("--criterion marginal_nll marginalises over documents; Fusion-in-Decoder (--arch fid_*) "
                         "reads them all at once and trains with plain cross-entropy",
-                        fix="use --criterion cross_entropy or --criterion label_smoothed_cross_entropy")
+                        fix="use --criterion reader_cross_entropy (or fairseq's cross_entropy or "
+                            "label_smoothed_cross_entropy)")
     if variant in ("token", "sequence") and plain:
         raise UserError(f"--criterion {plain}: a RAG model (--arch rag_*) is trained with its "
                         f"document marginal", fix="use --criterion marginal_nll (or --arch fid_* for cross-entropy)")

@@ -8,6 +8,8 @@ Per batch of B questions and K documents::
     src = <s> question </s> title </s> passage </s>   for each of the B*K pairs
     logits = BART(src, prev_output_tokens)      [B*K, T, V]
 
+With ``--train-doc-encoder`` d(z) comes from the model's own document encoder instead, recomputed on the
+retrieved passages' texts (gradient reaches it too; see :mod:`rag_plugin.models.doc_encoder`).
 The criterion and the generators marginalise over documents with
 :mod:`rag_plugin.core.marginalization`. The two registered models differ only in ``variant``.
 With ``n_docs == 0`` the model is the closed-book BART baseline (no retrieval).
@@ -24,6 +26,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 from omegaconf import II
 
+from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
 from rag_plugin.util.errors import UserError
@@ -95,6 +98,15 @@ class RagConfig(FairseqDataclass):
                                             "converted Hugging Face checkpoints); the knowledge source must be "
                                             "pre-tokenized for the same format (see rag_plugin/core/input_format.py)"})
     max_target_positions: int = field(default=128, metadata={"help": "generator output length"})
+    train_doc_encoder: bool = field(default=False, metadata={
+        "help": "train a document encoder too (a copy of the knowledge source's): the retrieved rows are scored "
+                "in each step by it on their texts, so the marginal NLL trains it (the index, stale, only picks "
+                "them); learns at the query encoder's lr scale. See rag_plugin/models/doc_encoder.py"})
+    share_encoder_towers: bool = field(default=False, metadata={
+        "help": "with --train-doc-encoder: one tower (the query encoder) encodes questions and documents"})
+    rerank_top: int = field(default=0, metadata={
+        "help": "with --train-doc-encoder: take this many (L >= --n-docs) candidates from the index, re-score them "
+                "with the current encoders and keep the top --n-docs (Atlas); 0 = no re-ranking"})
 
 
 class _Scaled(torch.nn.Module):
@@ -177,7 +189,7 @@ class RagModel(BaseFairseqModel):
     config_class = RagConfig
 
     def __init__(self, cfg: RagConfig, generator, query_encoder: Optional[torch.nn.Module], dictionary,
-                 context: RetrievalContext):
+                 context: RetrievalContext, doc_encoder: Optional[torch.nn.Module] = None):
         super().__init__()
         self.cfg = cfg
         self.generator = generator
@@ -201,11 +213,27 @@ class RagModel(BaseFairseqModel):
         if query_encoder is not None and not cfg.freeze_query_encoder and not cfg.query_encoder_lr_scale:
             logger.info("the query encoder learns at %.3g x --lr (--query-encoder-lr-scale 0: min(1, 3e-5 / --lr))",
                         scale)
+        if doc_encoder is not None and doc_encoder is not query_encoder:  # --train-doc-encoder, towers apart
+            self._modules["doc_encoder"] = doc_encoder  # a submodule behind the property below
+            if scale != 1.0:
+                scale_learning_rate(doc_encoder, scale)
+
+    @property
+    def doc_encoder(self) -> Optional[torch.nn.Module]:
+        """The trainable document tower (--train-doc-encoder; the query encoder with --share-encoder-towers)."""
+        if self.cfg.train_doc_encoder and self.cfg.share_encoder_towers:
+            return self.query_encoder
+        return self._modules.get("doc_encoder")
+
+    def doc_encoder_state(self) -> dict:
+        """The document tower's plain weights (keys as ``BiEncoderTower.state_dict()``), see doc_encoder.py."""
+        return doc_side.plain_tower_state(self.doc_encoder)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def build_model(cls, cfg, task):
         cfg = _as_config(cfg, cls.config_class)
+        doc_side.check_options(cfg, task.cfg, cls.variant, getattr(task, "knowledge", None))
         dictionary = task.dictionary
         generator = build_bart(cfg.generator_size, dictionary, cfg.max_source_positions, cfg.max_target_positions,
                                cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.generator_embed_dim,
@@ -217,7 +245,8 @@ class RagModel(BaseFairseqModel):
         query_encoder = None
         if task.cfg.n_docs > 0 and task.cfg.retriever != "bm25":  # dense or hybrid
             query_encoder = cls.build_query_encoder(cfg, task)
-        model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg))
+        model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg),
+                    doc_side.build_doc_encoder(cfg, task, query_encoder))
         logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
                     f"{count_parameters(generator):,}",
                     f"{count_parameters(query_encoder):,}" if query_encoder is not None else "none",
@@ -263,6 +292,8 @@ class RagModel(BaseFairseqModel):
         grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
         with torch.set_grad_enabled(grad):
             q = self.query_encoder(query_tokens, query_mask)                      # [B, D]
+        if self.doc_encoder is not None:  # --train-doc-encoder: the current document encoder scores the rows
+            return doc_side.rescored_retrieval(self, q, n_docs)
         found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs,
                                               compute_threads=torch.get_num_threads(), with_vectors=True)
         rows = torch.from_numpy(found.rows)
@@ -335,11 +366,14 @@ class RagModel(BaseFairseqModel):
     # ------------------------------------------------------------------ checkpoint identity
     def get_extra_state(self):
         """Saved in the checkpoint: the knowledge source (encoder) this model was trained with."""
-        return {"knowledge": json.dumps(self.knowledge_identity or {}, sort_keys=True), "variant": self.variant}
+        state = {"knowledge": json.dumps(self.knowledge_identity or {}, sort_keys=True), "variant": self.variant}
+        if self.doc_encoder is not None:  # what a re-embedded version records (~0.2 s for MiniLM-L6's 22.6M weights)
+            state["document_tower_sha256"] = doc_side.document_tower_sha256(self.doc_encoder)
+        return state
 
     def set_extra_state(self, state):
         trained = json.loads(state.get("knowledge") or "{}")
-        self.context.check_trained_encoder(trained.get("encoder"))
+        self.context.check_trained_encoder(trained.get("encoder"), document_tower_trained=self.doc_encoder is not None)
         self._check_generator_tokenizer(trained.get("tokenizer"))
         self._note_newer_version(trained)
         saved = state.get("variant")
@@ -387,7 +421,10 @@ class RagModel(BaseFairseqModel):
             raise UserError("the checkpoint has no query encoder (it was trained closed book or with BM25), "
                             "this run retrieves with a dense one",
                             fix="run with --n-docs 0 or --retriever bm25, as it was trained")
-        return torch.nn.Module.load_state_dict(self, self._into_scaled_parameters(state_dict), strict=strict)
+        state_dict = doc_side.complete_state(self, state_dict)
+        result = torch.nn.Module.load_state_dict(self, self._into_scaled_parameters(state_dict), strict=strict)
+        doc_side.check_document_agreement(self)  # served from a checkpoint: its document encoder made the vectors?
+        return result
 
     def _into_scaled_parameters(self, state_dict):
         """A checkpoint saved without the query encoder's learning-rate reparametrisation (a converted model,

@@ -31,7 +31,7 @@ from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
 from rag_plugin.generation.fid import attention_of
 from rag_plugin.generation.options import UNSUPPORTED, refuse_unsupported
-from rag_plugin.models.context import RetrievalContext
+from rag_plugin.models.context import PassageTokenizer, RetrievalContext
 from rag_plugin.tasks import reindex_options, retriever_options
 from rag_plugin.util.errors import UserError
 
@@ -234,7 +234,10 @@ class RetrievalAugmentedTask(FairseqTask):
                     "input_format": self.input_format.name,
                     "tokenizer": self.knowledge.passages.tokenizer_identity or None}
         return RetrievalContext(n_docs=self.cfg.n_docs, input_format=self.input_format, retriever=self.retriever,
-                                doc_score_scale=float(scale), identity=identity, knowledge=self.knowledge)
+                                doc_score_scale=float(scale), identity=identity, knowledge=self.knowledge,
+                                passage_tokenizer=PassageTokenizer(self.text_encoder) if self.text_encoder else None,
+                                serving=getattr(self, "_serving", False),
+                                checkpoint=interpolated(self.cfg, "checkpoint_path"))
 
     # ------------------------------------------------------------------ data
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
@@ -353,6 +356,7 @@ class RetrievalAugmentedTask(FairseqTask):
     def build_model(self, cfg, from_checkpoint=False):
         from fairseq import models
 
+        self._serving = bool(from_checkpoint)  # the model's retrieval context says so (see retrieval_context)
         model = models.build_model(cfg, self, from_checkpoint)
         self.model_variant = getattr(model, "variant", None)  # token, sequence or fid (build_criterion checks it)
         retriever_options.check_model(self.cfg, model)

@@ -37,6 +37,11 @@ class RetrieverTrainingConfig(FairseqDataclass):
     retriever_temperature: float = field(
         default=1.0, metadata={"help": "--retriever-loss compares its target with softmax(doc scores / this): the "
                                        "scores learned are the target's logits x this"})
+    retriever_target_temperature: float = field(
+        default=1.0, metadata={"help": "the distillation target (pdist, adist, loop) is softmax(target logits / this) "
+                                       "(Atlas's temperature_gold; its recipes use 0.01 with --retriever-temperature "
+                                       "0.01): below 1 it sharpens the target (FiD's attention shares in [0, 1] are "
+                                       "an almost uniform target at 1)"})
     fusion: ChoiceEnum(["rrf", "weighted"]) = field(
         default="rrf", metadata={"help": "--retriever hybrid: reciprocal rank fusion (sum over the dense and BM25 "
                                          "lists of 1 / (--rrf-k + rank)) or weighted (--fusion-weight x dense + (1 - "
@@ -93,6 +98,9 @@ def check_options(cfg, n_passages: int) -> None:
         raise UserError(f"--retriever-loss-weight {cfg.retriever_loss_weight} is negative", fix="use a weight >= 0")
     if not float(cfg.retriever_temperature) > 0:
         raise UserError(f"--retriever-temperature {cfg.retriever_temperature} must be positive", fix="e.g. 1")
+    target_t = getattr(cfg, "retriever_target_temperature", 1.0)
+    if not float(target_t) > 0:
+        raise UserError(f"--retriever-target-temperature {target_t} must be positive", fix="e.g. 1 or 0.1")
     if retriever == "bm25":
         raise UserError(f"--retriever-loss {loss} trains the query encoder; --retriever bm25 has nothing to train",
                         fix="use --retriever dense or hybrid, or leave --retriever-loss out")
@@ -110,6 +118,10 @@ def check_model(cfg, model) -> None:
     loss = str(getattr(cfg, "retriever_loss", "none"))
     if loss == "none":
         return
+    if getattr(model, "variant", None) == "fid" and loss != "adist":
+        raise UserError(f"--retriever-loss {loss} needs the reader's likelihood of the answer under each document "
+                        f"alone; Fusion-in-Decoder (--arch fid_*) reads them all at once",
+                        fix="use --retriever-loss adist with FiD (its cross-attention over the passages)")
     frozen = getattr(model, "query_encoder", None) is None or bool(getattr(model.cfg, "freeze_query_encoder", False))
     if frozen:
         raise UserError(f"--retriever-loss {loss} trains the query encoder, and this model's is frozen",
@@ -125,4 +137,6 @@ def check_criterion(cfg, criterion) -> None:
     loss = str(getattr(cfg, "retriever_loss", "none"))
     if loss != "none" and not getattr(criterion, CRITERION_CAPABILITY, False):
         raise UserError(f"--retriever-loss {loss}: the criterion {type(criterion).__name__} does not add a "
-                        f"retriever loss", fix="use --criterion marginal_nll (RAG), or leave --retriever-loss out")
+                        f"retriever loss",
+                        fix="use --criterion marginal_nll (RAG) or reader_cross_entropy (FiD), or leave "
+                            "--retriever-loss out")

@@ -209,3 +209,28 @@ def test_emdr2_at_temperature_1_is_the_rag_sequence_marginal(data):
     value.sum().backward()
     marginal.sum().backward()
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("target_temp", [0.1, 3.0])
+def test_target_temperature_sharpens_or_flattens_the_target(data, target_temp):
+    """Atlas's temperature_gold: the target is softmax(target logits / T_t), for pdist, adist and loop alike."""
+    s, seq, attn, temp = data["scores"], data["seq_lp"], data["attn"], 0.5
+    tok, prior, mask = data["token_lp"], data["doc_lp"], data["mask"]
+    loo = -_np_loo(tok, prior, mask, "token")
+    cases = {
+        "pdist": (lambda x: R.pdist_loss(x, _t(seq), temp, target_temp), seq),
+        "adist": (lambda x: R.adist_loss(x, _t(attn), temp, target_temp), attn),
+        "loop": (lambda x: R.loop_loss(x, _t(tok), _t(prior), torch.tensor(mask), "token", temp,
+                                       target_temperature=target_temp), loo),
+    }
+    for name, (ours, logits) in cases.items():
+        def ref(x, logits=logits):
+            return _np_kl(logits / target_temp, x, temp)
+
+        x = _t(s, True)
+        value = ours(x)
+        np.testing.assert_allclose(value.detach().numpy(), ref(s), rtol=1e-10, err_msg=name)
+        value.sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), _fd_grad(ref, s), atol=1e-7, err_msg=name)
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        R.pdist_loss(_t(s), _t(seq), temp, 0.0)

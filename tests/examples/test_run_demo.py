@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo"
 DATA = Path("/demo-data")
 CKPT = Path("/ckpt/checkpoint_last.pt")
-RECIPE_SECTIONS = ("criterion", "optimizer", "lr_scheduler", "optimization")  # what every run must share
+RECIPE_SECTIONS = ("optimizer", "lr_scheduler", "optimization")  # what every run must share
 
 
 def training_runs():
@@ -123,6 +123,12 @@ def test_the_stage_options_reach_their_runs(runs):
     assert "--freeze-query-encoder" not in opts["rag_token"]
     assert opts["rag_token_bm25"]["--retriever"] == "bm25" and opts["rag_token"]["--retriever"] == "dense"
     assert opts["rag_seq"]["--arch"] == "rag_seq_tiny" and opts["closed_book"]["--n-docs"] == "0"
+    for name in ("closed_book", "pretrain", "pretrain_pseudo", "rag_token", "rag_seq", "rag_token_pdist"):
+        assert opts[name]["--criterion"] == "marginal_nll", name
+    assert opts["fid"]["--arch"] == "fid_tiny" and opts["fid"]["--criterion"] == "reader_cross_entropy"
+    assert opts["fid"]["--n-docs"] == "5" and "--retriever-loss" not in opts["fid"]
+    assert opts["fid_adist"]["--retriever-loss"] == "adist" and opts["rag_token_pdist"]["--retriever-loss"] == "pdist"
+    assert opts["rag_token_hybrid"]["--retriever"] == "hybrid"
     for name in ("rag_token_countries", "rag_seq_countries"):
         assert opts[name]["--restore-file"] == str(CKPT) and opts[name]["--warmup-updates"] == "20"
         assert all(opts[name][f"--reset-{what}"] is True for what in ("optimizer", "lr-scheduler", "dataloader",
@@ -143,7 +149,7 @@ def test_the_configs_set_only_what_the_recipe_does_not():
 
     tiny = set(leaves(OmegaConf.to_container(OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml"))))
     configs = sorted((DEMO / "config").glob("*.yaml"))
-    assert {p.stem for p in configs} == {"rag_token_tiny", "rag_seq_tiny", "bart_tiny_closed_book"}
+    assert {p.stem for p in configs} == {"rag_token_tiny", "rag_seq_tiny", "bart_tiny_closed_book", "fid_tiny"}
     for path in configs:
         own = OmegaConf.to_container(OmegaConf.load(path))
         assert own.pop("defaults") == ["_self_", "recipe/tiny"], path
@@ -197,7 +203,8 @@ def test_generate_options():
     assert fast.pop("system") == "rag_seq"
     assert recipe.option_args(fast) == ["--beam", "4", "--n-docs", "5", "--rag-decoding", "fast"]
     assert list(stages.generate.test) == ["closed_book", "rag_token", "rag_seq_thorough", "rag_seq_fast",
-                                          "rag_token_frozen", "rag_token_bm25"]
+                                          "rag_token_frozen", "rag_token_bm25", "rag_token_hybrid", "rag_token_pdist",
+                                          "fid", "fid_adist"]
     assert set(stages.train.systems) == {run.system for run in stages.generate.test.values()}
 
 
@@ -276,8 +283,9 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     programs = [c.program for c in commands_run]
     assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
                             "rag-search", "rag-pretraining-data"]
-    assert programs.count("fairseq-train") == 2 + 5 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
-    assert programs.count("fairseq-generate") == 6 + 2 * 3 + 2 * 2 + 1 + 2  # test, K choice, hot swap, Jeopardy, sweep
+    assert programs.count("fairseq-train") == 2 + 9 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
+    # test, K sweep (RAG-Token and FiD), K choice, hot swap, Jeopardy
+    assert programs.count("fairseq-generate") == 10 + 2 * 2 + 2 * 3 + 2 * 2 + 1
     assert {"rag-leaderboard", "rag-plot-posterior", "rag-evaluate"} <= set(programs)
     for command in commands_run:
         if command.program == "fairseq-train":
@@ -289,5 +297,7 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     hot = saved["hot_swap"]
     assert hot["questions"] == 2 and hot["follows_index_in_use"] == hot["follows_other_index"] == 0.5
     assert hot["runs"]["rag_token/countryinfo"] == {"follows_index_in_use": 1.0, "follows_other_index": 0.0}
-    assert [r["k"] for r in saved["k_sweep"]["rag_token"]] == [1, 3]
+    assert [r["k"] for r in saved["k_sweep"]["rag_token"]] == [r["k"] for r in saved["k_sweep"]["fid"]] == [1, 3]
+    for name in ("fid", "fid_adist", "rag_token_pdist", "rag_token_hybrid"):
+        assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5"}, name
     assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()

@@ -90,6 +90,43 @@ def test_fairseq_generate_writes_hypotheses_and_provenance(tiny_world, trained, 
         assert all(0 < e["attention"] < 1 for e in passages)
 
 
+def test_fid_with_attention_distillation_trains_its_query_encoder_and_generates(tiny_world, tmp_path):
+    """--criterion reader_cross_entropy --retriever-loss adist: the retriever loss and the recall of the gold
+    passages are logged, the query encoder's weights move, and the checkpoint generates (its encoder fixed)."""
+    import torch
+
+    save = tmp_path / "fid_adist"
+    r = _train(tiny_world, save, "--arch", "fid_tiny", "--criterion", "reader_cross_entropy", "--n-docs", "3",
+               "--retriever-loss", "adist", "--retriever-target-temperature", "0.1", "--dropout", "0",
+               "--max-update", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert _logged(log, "train_retriever_loss") and _logged(log, "valid_recall_at_3"), log[-2000:]
+    from rag_plugin.retrieval.knowledge import KnowledgeSource
+    from rag_plugin.util.safe_load import checkpoint_types_allowed
+
+    with checkpoint_types_allowed():
+        state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
+    marker = ".parametrizations.weight.original"
+    scale = 3e-5 / 1e-3  # --query-encoder-lr-scale 0 (automatic): min(1, 3e-5 / --lr)
+    initial = KnowledgeSource(str(tiny_world["ks"])).load_encoder().query_tower.state_dict()
+    moved = [k for k in state if k.startswith("query_encoder.") and k.endswith(marker)
+             and not torch.allclose(state[k] * scale, initial[k[len("query_encoder."):-len(marker)] + ".weight"],
+                                    atol=1e-7)]
+    assert moved, "the query encoder's weights moved"
+    r = _run("fairseq-generate", tiny_world, "--path", save / "checkpoint_last.pt", "--gen-subset", "test",
+             "--beam", "2", "--max-len-b", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert any(line.startswith("H-") for line in r.stdout.splitlines())
+
+
+@pytest.mark.parametrize("loss", ["pdist", "emdr2"])
+def test_fid_with_a_likelihood_based_retriever_loss_is_an_error_on_the_command_line(tiny_world, tmp_path, loss):
+    r = _train(tiny_world, tmp_path / "save", "--arch", "fid_tiny", "--criterion", "reader_cross_entropy",
+               "--n-docs", "3", "--retriever-loss", loss, "--max-update", "1")
+    _assert_one_line_error(r, f"--retriever-loss {loss}", "--retriever-loss adist")
+
+
 def test_rag_decoding_with_fid_is_an_error(tiny_world, trained):
     """(--doc-posterior-out, RAG-Token's, is refused the same way: tests/generation/test_fid_generate.py)"""
     ckpt, _ = trained

@@ -135,9 +135,11 @@ def test_fid_without_passages_is_an_error(tiny_world):
         _fid(task)
 
 
-def test_query_encoder_lr_scale_is_refused(tiny_world):
-    with pytest.raises(UserError, match="--query-encoder-lr-scale"):
-        _fid(_task(tiny_world), query_encoder_lr_scale=0.1)
+def test_query_encoder_stays_fixed_whatever_its_lr_scale_without_adist(tiny_world):
+    """The recipe's --query-encoder-lr-scale applies only when --retriever-loss adist trains the encoder."""
+    model = _fid(_task(tiny_world), query_encoder_lr_scale=0.1)
+    assert model.cfg.freeze_query_encoder and not model.returns_attention
+    assert not any(p.requires_grad for p in model.query_encoder.parameters())
 
 
 def test_checkpoints_of_the_other_family_are_refused(tiny_world):

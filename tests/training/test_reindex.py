@@ -176,3 +176,32 @@ def test_wait_at_exit_lets_the_running_reindex_land(tmp_path, monkeypatch):
     landed = KnowledgeSource(str(root))
     assert landed.version == 2 and landed.manifest["reembedded_from"] == "training snapshot at update 2"
     assert landed.manifest["document_tower_sha256"] == state_dict_sha256(model.doc_encoder_state())
+
+
+def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, tmp_path):
+    """After the doc_encoder branch is merged: a real fairseq-train with --train-doc-encoder --reindex-every 2 writes
+    version 2 from the tower of its checkpoint at update 2 (waited for at exit)."""
+    doc_encoder = pytest.importorskip("rag_plugin.models.doc_encoder")  # --train-doc-encoder (doc_encoder branch)
+    import shutil
+
+    from tests.fairseq_parts.test_training import _args, _run
+
+    ks = tmp_path / "ks"
+    shutil.copytree(tiny_world["ks"], ks)
+    extra = ["--train-doc-encoder", "--reindex-every", "2", "--reindex-wait-at-exit", "--max-update", "3",
+             "--save-interval-updates", "2", "--no-epoch-checkpoints"]
+    code, out, err = _run(_args(tiny_world, tmp_path / "ck", knowledge=ks, extra=extra), cwd=str(tmp_path),
+                          threads=1, timeout=600)
+    assert code == 0, err[-3000:]
+    assert "re-index of knowledge version 1 started at update 2" in out + err
+    landed = KnowledgeSource(str(ks))
+    assert landed.version == 2 and landed.manifest["reembedded_from"] == "training snapshot at update 2"
+    [checkpoint] = (tmp_path / "ck").glob("checkpoint_*_2.pt")
+    state = doc_encoder.doc_encoder_state_from_checkpoint(str(checkpoint))
+    assert landed.manifest["document_tower_sha256"] == state_dict_sha256(state)
+    old = KnowledgeSource(str(ks), version=1)
+    encoder = old.load_encoder()
+    load_tower_state(encoder.passage_tower, state, "test", "document tower")
+    expected = encoder.encode_passages([old.passages.title(r) for r in range(len(old))],
+                                       [old.passages.text(r) for r in range(len(old))], progress=False)
+    np.testing.assert_allclose(np.asarray(landed.vectors), expected, atol=1e-5, rtol=0)

@@ -1,0 +1,242 @@
+"""``--train-doc-encoder``: a trainable document encoder, its re-scoring of the retrieved rows, and its weights.
+
+Per batch of B questions, K documents (L >= K candidates with ``--rerank-top L``)::
+
+    q = BERT_q(question)                                 [B, D]     trainable (unless frozen)
+    rows = MIPS top-L of q over the (stale) index         [B, L]     no gradient (FAISS, the stored vectors)
+    d = BERT_d(tokenize(title, text) of each row)         [B, L, D]  the model's CURRENT document encoder
+    scores = scale * q . d                                [B, L]     gradient reaches BERT_q and BERT_d
+    keep the top K by these scores (--rerank-top; else L = K and the index's order is kept)
+
+The index only chooses which rows are candidates; their scores (hence p(z|x)) come from the current towers, so
+the marginal NLL trains the document encoder too. Passages are tokenized exactly as the knowledge source embedded
+them (its encoder's tokenizer and passage format, handed over by the task as ``context.passage_tokenizer``).
+
+The document tower's learning rate is scaled as the query encoder's (``--query-encoder-lr-scale``), by the same
+reparametrisation: its checkpoint keys are ``doc_encoder.*...parametrizations.weight.original`` = weight / scale.
+:func:`plain_tower_state` resolves them to the effective weights (keys as ``BiEncoderTower.state_dict()``), whose
+:func:`~rag_plugin.retrieval.encoders.weights.state_dict_sha256` names the tower: a knowledge-source version
+re-embedded with it records that hash as ``document_tower_sha256`` (a version without it: its encoder's
+``passage_weights_sha256``). A model served from a checkpoint (generation, validation, the hub) is refused when the
+two differ (:func:`check_document_agreement`); in training the index is expected to be stale.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import types
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
+from rag_plugin.util.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+#: the parametrisation marker of a parameter whose learning rate is scaled (rag_plugin/models/rag.py)
+_MARKER = ".parametrizations."
+_ORIGINAL = ".original"
+
+
+# ---------------------------------------------------------------------------------- options
+def check_options(cfg, task_cfg, variant: str, knowledge=None) -> None:
+    """``--train-doc-encoder``, ``--share-encoder-towers`` and ``--rerank-top`` against the rest: one-line errors."""
+    train, share, top = bool(cfg.train_doc_encoder), bool(cfg.share_encoder_towers), int(cfg.rerank_top)
+    if share and not train:
+        raise UserError("--share-encoder-towers makes the query encoder the document encoder, which only "
+                        "--train-doc-encoder has", fix="add --train-doc-encoder, or leave --share-encoder-towers out")
+    if top and not train:
+        raise UserError(f"--rerank-top {top} re-scores the candidates with the model's own document encoder, which "
+                        "only --train-doc-encoder has (the index's order is already by the stored vectors)",
+                        fix="add --train-doc-encoder, or leave --rerank-top out")
+    if top < 0:
+        raise UserError(f"--rerank-top {top} is negative", fix="give the candidates L >= --n-docs, or 0 (no rerank)")
+    if not train:
+        return
+    retriever, k = str(getattr(task_cfg, "retriever", "dense")), int(task_cfg.n_docs)
+    if variant == "fid":
+        raise UserError("--train-doc-encoder trains the document encoder through p(z|x); Fusion-in-Decoder (--arch "
+                        "fid_*) has no retrieval scores in its likelihood", fix="use --arch rag_token_* or rag_seq_*")
+    if k == 0:
+        raise UserError("--train-doc-encoder with --n-docs 0: closed book retrieves no documents to score",
+                        fix="use --n-docs 1 or more, or leave --train-doc-encoder out")
+    if retriever != "dense":
+        raise UserError(f"--train-doc-encoder re-scores dense retrieval's rows; --retriever {retriever} scores "
+                        f"{'lexically (BM25)' if retriever == 'bm25' else 'by fusing BM25 and dense ranks'}",
+                        fix="use --retriever dense, or leave --train-doc-encoder out")
+    if share and cfg.freeze_query_encoder:
+        raise UserError("--share-encoder-towers with --freeze-query-encoder: the one tower would be frozen, and no "
+                        "document encoder trained", fix="leave one of the two out")
+    if top and top < k:
+        raise UserError(f"--rerank-top {top} is fewer than --n-docs {k}", fix=f"re-rank at least {k} candidates")
+    if knowledge is not None and top > len(knowledge):
+        raise UserError(f"--rerank-top {top} is larger than the knowledge source ({len(knowledge)} passages)",
+                        fix=f"use --rerank-top {len(knowledge)} or fewer")
+    if knowledge is not None and getattr(knowledge, "imported", False):
+        raise UserError("--train-doc-encoder starts from the knowledge source's document encoder, and its vectors "
+                        "were imported from an unknown one", path=str(getattr(knowledge, "directory", "")) or None,
+                        fix="build the knowledge source with rag-build-knowledge (a known encoder) to train it")
+
+
+def build_doc_encoder(cfg, task, query_encoder) -> Optional[torch.nn.Module]:
+    """The trainable document tower: a copy of the knowledge source's passage tower (the query encoder itself with
+    ``--share-encoder-towers``), or None without ``--train-doc-encoder``."""
+    if not cfg.train_doc_encoder:
+        return None
+    if cfg.share_encoder_towers:
+        return query_encoder
+    tower = copy.deepcopy(task.text_encoder.passage_tower)  # never shares weights with the query encoder
+    for p in tower.parameters():
+        p.requires_grad_(True)
+    return tower.train()
+
+
+# ---------------------------------------------------------------------------------- scores
+def document_vectors(doc_encoder: torch.nn.Module, rows: torch.Tensor, store, tokenize, device) -> torch.Tensor:
+    """The current document encoder's vectors of ``rows`` (Long[B, L]): [B, L, D], each distinct row encoded once
+    from the passage store's title and text."""
+    unique, inverse = torch.unique(rows, return_inverse=True)
+    ids = unique.tolist()
+    inputs = tokenize([store.title(r) for r in ids], [store.text(r) for r in ids])
+    vectors = doc_encoder(*(t.to(device) for t in inputs))       # [U, D]
+    return vectors[inverse.to(device)]                            # [B, L, D]
+
+
+def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(scores [B, K], rows Long[B, K]): the index's top L = max(K, --rerank-top) rows for ``q`` [B, D], scored
+    with the model's current document encoder (differentiable in both towers while training), the top K kept."""
+    top = max(k, int(model.cfg.rerank_top))
+    found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), top,
+                                           compute_threads=torch.get_num_threads())
+    rows = torch.from_numpy(found.rows)
+    # at least float32 whatever the model's dtype (see RagModel.retrieve); float64 stays float64
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.set_grad_enabled(model.training and torch.is_grad_enabled()):
+        d = document_vectors(model.doc_encoder, rows, model.retriever.store, model.context.passage_tokenizer,
+                             q.device)
+        scores = torch.bmm(d.to(dtype), q.to(dtype).unsqueeze(-1)).squeeze(-1) * model.doc_score_scale  # [B, L]
+    if top > k:
+        best = scores.topk(k, dim=1)
+        return best.values, rows.gather(1, best.indices.cpu())
+    return scores, rows
+
+
+# ---------------------------------------------------------------------------------- plain weights
+def plain_state(state: Dict[str, torch.Tensor], scale: float) -> Dict[str, torch.Tensor]:
+    """A (sub-)state dict with the learning-rate reparametrisation resolved: ``X.parametrizations.NAME.original``
+    -> ``X.NAME`` = original x scale (the weight the model computes with); other keys as they are."""
+    out = {}
+    for key, value in state.items():
+        if _MARKER in key and key.endswith(_ORIGINAL):
+            head, rest = key.split(_MARKER, 1)
+            out[f"{head}.{rest[:-len(_ORIGINAL)]}"] = value * scale
+        elif _MARKER not in key:
+            out[key] = value
+    return out
+
+
+def plain_tower_state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """``module``'s state dict as a module without parametrisations would have it: the effective weights, in
+    float32 whatever the module's dtype (the stored weights upcast, then scaled: as
+    :func:`doc_encoder_state_from_checkpoint` computes them from a checkpoint, so that the two hash alike)."""
+    out = {}
+    for key, value in module.state_dict().items():
+        if _MARKER in key:
+            if key.endswith(_ORIGINAL):
+                head, rest = key.split(_MARKER, 1)
+                name = rest[:-len(_ORIGINAL)]
+                weight = value.detach().float()
+                for parametrization in module.get_submodule(head).parametrizations[name]:
+                    weight = parametrization(weight)
+                out[f"{head}.{name}"] = weight
+        else:
+            out[key] = value.detach().float() if value.is_floating_point() else value.detach()
+    return out
+
+
+def document_tower_sha256(module: torch.nn.Module) -> str:
+    """The hash naming a document tower (:func:`state_dict_sha256` of its plain weights)."""
+    return state_dict_sha256(plain_tower_state(module))
+
+
+def _checkpoint_scale(cfg: dict) -> float:
+    """The learning-rate scale a checkpoint's model was built with, from its saved cfg (``model.lr`` is saved as the
+    unresolved ``${optimization.lr}``: resolved here from ``optimization.lr``)."""
+    from rag_plugin.models.rag import query_encoder_lr_scale
+
+    model = cfg.get("model") or {}
+    lr = (cfg.get("optimization") or {}).get("lr", model.get("lr"))
+    return query_encoder_lr_scale(types.SimpleNamespace(query_encoder_lr_scale=model.get("query_encoder_lr_scale",
+                                                                                        0.0), lr=lr))
+
+
+def doc_encoder_state_from_checkpoint(path: str) -> Dict[str, torch.Tensor]:
+    """The plain document tower state (keys as ``BiEncoderTower.state_dict()``) of a fairseq checkpoint trained with
+    ``--train-doc-encoder``, read with safe loading; a one-line error for any other checkpoint."""
+    from rag_plugin.util.safe_load import safe_torch_load
+
+    state = safe_torch_load(path)
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_cfg = (cfg or {}).get("model") or {}
+    if not model_cfg.get("train_doc_encoder"):
+        raise UserError("the checkpoint has no trained document encoder (it was trained without "
+                        "--train-doc-encoder)", path=str(path),
+                        fix="re-embed with a checkpoint of a run with --train-doc-encoder (the knowledge source's "
+                            "own vectors already are this checkpoint's document side)")
+    prefix = "query_encoder." if model_cfg.get("share_encoder_towers") else "doc_encoder."
+    weights = sub_state(state.get("model") or {}, prefix)
+    if not weights:
+        raise UserError(f"the checkpoint records --train-doc-encoder but holds no {prefix}* weights", path=str(path),
+                        fix="use a checkpoint written by fairseq-train with the plugin")
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}  # --fp16 checkpoints
+    return plain_state(weights, _checkpoint_scale(cfg))
+
+
+# ---------------------------------------------------------------------------------- agreement with the index
+def version_document_hash(knowledge) -> Optional[str]:
+    """The document tower hash of a knowledge-source version: its manifest's ``document_tower_sha256`` (a version
+    re-embedded with a trained tower), else its encoder's ``passage_weights_sha256``."""
+    return knowledge.manifest.get("document_tower_sha256") or knowledge.encoder_identity.get("passage_weights_sha256")
+
+
+def check_document_agreement(model) -> None:
+    """Served from a checkpoint (not trained), a dense model must read a version whose vectors its document encoder
+    made: its own (--train-doc-encoder), else the one it was trained with (a version re-embedded with another tower
+    would be read through a query encoder trained against other vectors). A one-line error."""
+    context = model.context
+    if not context.serving or context.knowledge is None or context.retriever is None or model.query_encoder is None:
+        return
+    trained = model.doc_encoder is not None
+    if trained:
+        mine = document_tower_sha256(model.doc_encoder)
+    else:
+        encoder = (model.knowledge_identity or {}).get("encoder") or {}
+        mine = encoder.get("passage_weights_sha256")
+        if not mine or encoder.get("kind") == "imported":  # unknown document encoder: nothing to compare
+            return
+    knowledge = context.knowledge
+    theirs = version_document_hash(knowledge)
+    if theirs is None or getattr(knowledge, "imported", False) or mine == theirs:  # unknown: nothing to compare
+        return
+    where = str(context.identity.get("knowledge") or knowledge.root)
+    fix = (f"re-embed: rag-update-knowledge --knowledge {where} --reembed {context.checkpoint or 'CHECKPOINT'} (a new "
+           f"version), then generate again" if trained else
+           "generate with a version embedded with the document encoder the checkpoint was trained with")
+    raise UserError(f"the checkpoint's document encoder differs from the vectors of {where} version "
+                    f"{knowledge.version}", path=context.checkpoint, fix=fix)
+
+
+def complete_state(model, state_dict: dict) -> dict:
+    """Load-time: a checkpoint without a document encoder (``--finetune-from-model`` of a plain RAG checkpoint
+    with --train-doc-encoder) keeps the model's own, the knowledge source's; a checkpoint with one loaded into a
+    model without --train-doc-encoder drops it (its stored vectors score)."""
+    tower = model._modules.get("doc_encoder")  # None with --share-encoder-towers (the query encoder's keys)
+    theirs = any(k.startswith("doc_encoder.") for k in state_dict)
+    if tower is not None and not theirs:
+        logger.info("the checkpoint has no document encoder: --train-doc-encoder starts from the model's own (the "
+                    "knowledge source's)")
+        return {**state_dict, **{f"doc_encoder.{k}": v for k, v in tower.state_dict().items()}}
+    if theirs and tower is None:
+        return {k: v for k, v in state_dict.items() if not k.startswith("doc_encoder.")}
+    return state_dict
