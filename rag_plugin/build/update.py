@@ -19,6 +19,7 @@ any point, the previous version stays current and byte-identical, and the same c
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -168,15 +169,17 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         new = current.version + 1
         recorded = settings_part(current.manifest.get("build_settings") or {})
         changes = read_changes(current, add, delete, replace, recorded.get("split_words"))
+        carried = _check_reembedded(current, changes)
         files = [str(Path(f).resolve()) for f in [*add, *replace, *([delete] if delete else [])]]
         settings = update_settings(current, files)
         n_new = len(current) - len(changes.deleted) + len(changes.added)
         template = index_plan(current, changes, n_new, retrain, log)
         partial, final = versions.partial_dir(root, new), versions.version_dir(root, new)
+        _discard_other_finished(final, settings, log)
         if not (final / MANIFEST).is_file():
             extra = {"version": new, "previous_version": current.version,
                      "update": {"added": len(changes.added), "deleted": len(changes.deleted),
-                                "replaced": len(changes.replaced), "retrained": template is None}}
+                                "replaced": len(changes.replaced), "retrained": template is None}, **carried}
             partial.parent.mkdir(parents=True, exist_ok=True)
             build_knowledge_source(str(partial), settings, encoder=encoder, batch_size=batch_size,
                                    shard_size=shard_size, progress=progress,
@@ -192,6 +195,30 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         return KnowledgeSource(str(root))
 
 
+def _discard_other_finished(final: Path, settings: BuildSettings, log) -> None:
+    """A complete v+1 that was never made current (a re-embedding killed before its switch) is not this update's."""
+    manifest = final / MANIFEST
+    if manifest.is_file() and not versions.in_use(final):
+        recorded = settings_part(json.loads(manifest.read_text(encoding="utf-8")).get("build_settings") or {})
+        if recorded != settings.fingerprint():
+            log(f"discarding {final.name}: a version of other content that was never made current")
+            manifest.unlink()
+            shutil.rmtree(final)
+
+
+def _check_reembedded(current: KnowledgeSource, changes: Changes) -> dict:
+    """A version re-embedded with a trained document tower (rag_plugin/build/reembed.py) can lose passages (its
+    record carried on), not gain any: the tower is not stored with it, the source's own would embed them."""
+    carried = {k: current.manifest[k] for k in ("document_tower_sha256", "reembedded_from") if k in current.manifest}
+    if carried and (changes.added or changes.replaced):
+        raise UserError(f"version {current.version} was re-embedded with a trained document tower "
+                        f"({carried.get('reembedded_from')}): new or edited passages cannot be embedded like it",
+                        path=str(current.directory / MANIFEST),
+                        fix="delete only here; to add or edit passages, rebuild the source (rag-build-knowledge), "
+                            "then re-embed it (rag-update-knowledge --reembed CHECKPOINT)")
+    return carried
+
+
 def remove_old_versions(root: Path, keep: int, log) -> List[int]:
     """Remove the versions older than the ``keep`` newest that no process has open; returns those removed."""
     if keep < 1:
@@ -205,7 +232,7 @@ def remove_old_versions(root: Path, keep: int, log) -> List[int]:
         if version == 1:  # the source as built, at the top level: its files, not the versions beside them
             (d / MANIFEST).unlink()
             for entry in d.iterdir():
-                if entry.name not in (versions.CURRENT, versions.VERSIONS, versions.UPDATE_LOCK):
+                if entry.name not in (versions.CURRENT, versions.VERSIONS, versions.UPDATE_LOCK, ".reindex"):
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         else:
             (d / MANIFEST).unlink()  # first: a half-removed version can never be opened

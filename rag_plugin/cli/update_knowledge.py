@@ -2,18 +2,23 @@
 
     rag-update-knowledge --knowledge KS [--add FILE ...] [--delete IDS_FILE] [--replace FILE ...] \\
         [--retrain] [--keep N]
+    rag-update-knowledge --knowledge KS --reembed CHECKPOINT     # every passage, with a trained document tower
 
 Passage files in rag-build-knowledge's formats (.jsonl id/title/text, DPR .tsv, .gz); the ids file one
 passage id per line. Version v+1 is written beside v (only new or edited passages embedded, with the
 source's own encoder), then made current atomically; processes that have v open keep it. Killed at any
 point, v stays current and the same command resumes. See rag_plugin/build/update.py.
+``--reembed``: every passage embedded again by the source's encoder with the document tower of a checkpoint
+trained with --train-doc-encoder (or a .pt holding {"document_tower": state dict}, or a .safetensors state
+dict); see rag_plugin/build/reembed.py.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from rag_plugin.cli.common import ArgumentParser
-from rag_plugin.util.errors import cli_main
+from rag_plugin.util.errors import UserError, cli_main
 
 
 def build_parser() -> ArgumentParser:
@@ -23,6 +28,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--delete", default=None, metavar="IDS_FILE", help="ids of passages to delete, one per line")
     p.add_argument("--replace", nargs="+", default=[], metavar="FILE",
                    help="new titles/texts for passages the source has (same ids)")
+    p.add_argument("--reembed", default=None, metavar="CHECKPOINT",
+                   help="embed every passage again with this trained document tower (a checkpoint trained with "
+                        "--train-doc-encoder, a .pt holding {'document_tower': state dict}, or .safetensors)")
+    p.add_argument("--device", default="cpu", help="with --reembed: where the document tower runs (cpu, cuda, cuda:N)")
     p.add_argument("--retrain", action="store_true",
                    help="train a new quantizer (IVF/PQ/SQ) on the new collection instead of keeping the current one")
     p.add_argument("--keep", type=int, default=None, metavar="N",
@@ -41,9 +50,21 @@ def main(argv=None) -> int:
     from rag_plugin.build.update import update_knowledge_source
     from rag_plugin.retrieval.index import set_faiss_threads
 
+    if args.reembed and (args.add or args.delete or args.replace):
+        raise UserError("--reembed embeds the current passages again: it cannot be combined with --add, --delete "
+                        "or --replace", fix="update the passages first, then re-embed in a second command")
     if args.threads:
         torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads)
+    if args.reembed:
+        from rag_plugin.build.reembed import read_tower_state, reembed
+        from rag_plugin.build.update import remove_old_versions
+
+        reembed(args.knowledge, read_tower_state(args.reembed), what=args.reembed, batch_size=args.batch_size,
+                device=args.device, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
+        if args.keep:
+            remove_old_versions(Path(args.knowledge), args.keep, lambda m: print(m, file=sys.stderr))
+        return 0
     update_knowledge_source(args.knowledge, add=args.add, delete=args.delete, replace=args.replace,
                             retrain=args.retrain, keep=args.keep, batch_size=args.batch_size,
                             progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))

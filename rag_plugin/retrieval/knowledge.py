@@ -172,10 +172,11 @@ class KnowledgeSource:
         numbers = range(self.num_shards) if numbers is None else numbers
         return LocalSearch([self.part(i) for i in numbers], len(self), self.dim, self.search_params.get("nprobe"))
 
-    def reopened(self) -> "KnowledgeSource":
-        """The source's current version, opened afresh (after ``rag-update-knowledge``), with this one's index mode
-        and search settings; refused unless it has the same document encoder and generator tokenizer."""
-        fresh = KnowledgeSource(str(self.root), index_mode=self.index_mode)
+    def reopened(self, version: Optional[int] = None) -> "KnowledgeSource":
+        """The source's current version (or ``version``), opened afresh (after ``rag-update-knowledge``), with this
+        one's index mode and search settings; refused unless it has the same document encoder and generator
+        tokenizer."""
+        fresh = KnowledgeSource(str(self.root), index_mode=self.index_mode, version=version)
         fresh.check_encoder(self.encoder_identity, what="the document encoder of the version open so far")
         if fresh.passages.tokenizer_identity != self.passages.tokenizer_identity:
             raise UserError(f"version {fresh.version} pre-tokenizes its passages with another generator vocabulary",

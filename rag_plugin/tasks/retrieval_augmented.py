@@ -30,14 +30,15 @@ from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
 from rag_plugin.generation.options import UNSUPPORTED
 from rag_plugin.models.context import PassageTokenizer, RetrievalContext
-from rag_plugin.tasks import retriever_options
+from rag_plugin.tasks import reindex_options, retriever_options
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class RetrievalAugmentedConfig(retriever_options.RetrieverTrainingConfig):  # --retriever-loss, --fusion, ...
+class RetrievalAugmentedConfig(retriever_options.RetrieverTrainingConfig,  # --retriever-loss, --fusion, ...
+                               reindex_options.ReindexConfig):  # --reindex-every, ...
     data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
                                                     "KILT style: {id, input, output: [{answer, provenance}]}"})
     knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
@@ -198,10 +199,10 @@ class RetrievalAugmentedTask(FairseqTask):
                 self._retriever = retriever_options.hybrid_retriever(self.cfg, self._retriever, self.bm25)
         return self._retriever
 
-    def reopen_knowledge(self) -> int:
-        """Open the knowledge source's current version again (``rag-update-knowledge`` made a newer one); the
-        retriever and the models' retrieval contexts made after this use it. Returns the version now open."""
-        self.knowledge, self._retriever, self._bm25 = self.knowledge.reopened(), None, None
+    def reopen_knowledge(self, version: Optional[int] = None) -> int:
+        """Open the knowledge source's current version (or ``version``) again (``rag-update-knowledge`` made a newer
+        one); the retriever and the models' retrieval contexts made after this use it. Returns the version now open."""
+        self.knowledge, self._retriever, self._bm25 = self.knowledge.reopened(version), None, None
         return self.knowledge.version
 
     @property
@@ -331,6 +332,10 @@ class RetrievalAugmentedTask(FairseqTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
+        if self.cfg.reindex_every:  # re-embed in the background, switch when done (rag_plugin/training/reindex.py)
+            from rag_plugin.training.reindex import reindexer
+
+            reindexer(self, model).step(self, model, update_num)
         loss, sample_size, stats = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         if not ignore_grad:
             self.collapse.observe_train(stats)

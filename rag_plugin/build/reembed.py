@@ -1,0 +1,302 @@
+"""Re-embed a knowledge source with a trained document tower: version v+1 holds the same passages (ids, order,
+pre-tokenization) with every vector made again by the source's own encoder whose passage tower carries the
+given weights (``rag-update-knowledge --reembed``, and the trainer's ``--reindex-every``).
+
+How it is done, with the builder's machinery (:mod:`rag_plugin.build.builder`, :mod:`~rag_plugin.build.embedding`):
+
+1. every process (``rank`` of ``world``) embeds its share of the embedding chunks (rank r: chunks r, r + world,
+   ...) from version v's passage store into ``KS/.reindex/vVVVVVV-TOWERSHA/`` (one ``.npy`` per chunk, each written
+   atomically; a chunk already there is not made again: the same call resumes). The folder is named by the base
+   version and the tower's weights, so chunks of other weights are never mixed in;
+2. rank 0 waits for every chunk, then, holding the update lock (``KS/.update.lock``), moves them into the build
+   state of ``KS/versions/.VVVVVV.partial`` and lets the builder finish it: passage store, the vectors gathered,
+   the index with v's settings (Flat: the same type; IVF/PQ: a quantizer trained afresh, every vector moved; HNSW:
+   rebuilt; S shards: S shards), the manifest (written last);
+3. the partial directory is renamed to ``versions/VVVVVV`` and ``CURRENT`` switched (a rename), last. Killed at any
+   point, v stays current and byte-identical; rerunning the same call resumes.
+
+The manifest keeps v's ``encoder`` identity (the query side and the encoder spec are unchanged: readers open it
+with the same encoder) and adds ``document_tower_sha256`` (:func:`state_dict_sha256` of the weights) and
+``reembedded_from`` (what they came from). Processes other than rank 0 signal a failure with a file
+(``failed.rankR``) so rank 0 stops waiting at once.
+
+``python -m rag_plugin.build.reembed --knowledge KS --tower FILE --what TEXT [--rank R --world W]`` runs one
+process of it (the trainer starts these, :mod:`rag_plugin.training.reindex`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+from rag_plugin.build.embedding import embed_shards
+from rag_plugin.build.output_dir import shard_path, shards_dir
+from rag_plugin.build.settings import ENCODER_IDENTITY, passage_side
+from rag_plugin.retrieval import versions
+from rag_plugin.retrieval.knowledge import BUILD_DIR, MANIFEST, KnowledgeSource
+from rag_plugin.util.errors import UserError, cli_main
+from rag_plugin.util.io import atomic_path, atomic_write_json
+
+#: ``KS/.reindex``: chunks, logs and results of re-embeddings (plain arrays and text: never a pickle)
+REINDEX_DIR = ".reindex"
+#: passages per embedding chunk (the unit of resume and of the split between processes)
+CHUNK_SIZE = 2048
+#: manifest entries a re-embedded version adds
+TOWER_SHA = "document_tower_sha256"
+FROM = "reembedded_from"
+
+
+class TowerEncoder:
+    """The knowledge source's encoder with its passage tower holding other weights: embeds passages only; its
+    identity is the source's plus the tower's hash (so an unfinished build of other weights is never resumed)."""
+
+    def __init__(self, encoder, base_identity: dict, tower_sha: str):
+        self.encoder, self.base_identity, self.tower_sha = encoder, dict(base_identity), tower_sha
+        self.dim = int(encoder.dim)
+
+    def encode_passages(self, titles, texts, batch_size: int = 64, progress: bool = False):
+        return self.encoder.encode_passages(titles, texts, batch_size=batch_size, progress=progress)
+
+    def identity(self) -> dict:
+        return {**self.base_identity, TOWER_SHA: self.tower_sha}
+
+
+def tower_encoder(current: KnowledgeSource, tower_state: Dict, what: str) -> TowerEncoder:
+    """``current``'s encoder (:meth:`KnowledgeSource.load_encoder`) with ``tower_state`` in its passage tower."""
+    from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
+
+    encoder = current.load_encoder()
+    if getattr(encoder, "passage_tower", None) is None:
+        raise UserError(f"the encoder {current.encoder_spec!r} of this knowledge source has no BERT passage tower "
+                        "to load trained weights into", path=str(current.directory / MANIFEST),
+                        fix="re-embed only sources built with a BERT bi-encoder (minilm, dpr, hf-dpr, random)")
+    load_tower_state(encoder.passage_tower, tower_state, what, "document tower")
+    return TowerEncoder(encoder, current.encoder_identity, state_dict_sha256(tower_state))
+
+
+def chunk_dir(root: Path, base: int, tower_sha: str) -> Path:
+    return Path(root) / REINDEX_DIR / f"v{base:06d}-{tower_sha[:16]}"
+
+
+def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank: int = 0, world: int = 1, group=None,
+            log: Callable[[str], None] = print, progress: bool = True, encoder=None, base_version: Optional[int] = None,
+            shard_size: int = CHUNK_SIZE, batch_size: int = 64, wait_minutes: float = 24 * 60,
+            device: str = "cpu") -> int:
+    """Write version v+1 of ``knowledge_dir`` (v: ``base_version``, default the current one) with every passage
+    embedded again by a passage tower holding ``tower_state``, and make it current (see the module docstring).
+    ``group``: a :class:`~rag_plugin.build.distributed.BuildGroup` (its rank and world; rank 0 returns when the
+    version is current, the others with it); without one, ``rank``/``world`` split the chunks between independent
+    processes, and ranks other than 0 return once their chunks are written. ``encoder``: a ready
+    :class:`TowerEncoder` in place of ``tower_state``; ``device``: where the tower made from ``tower_state`` runs.
+    Returns the new version's number."""
+    from rag_plugin.retrieval.encoders.weights import state_dict_sha256
+
+    t0 = time.perf_counter()
+    if group is not None:
+        rank, world = group.rank, group.world
+    root = Path(knowledge_dir)
+    current = KnowledgeSource(str(root), version=base_version)
+    if encoder is None:
+        encoder = tower_encoder(current, tower_state, what)
+        encoder.encoder.to(device)
+    elif tower_state is not None and encoder.tower_sha != state_dict_sha256(tower_state):
+        raise ValueError("the encoder given does not hold tower_state")
+    chunks = chunk_dir(root, current.version, encoder.tower_sha)
+    starts = list(range(0, len(current), shard_size))
+
+    def embed_mine():
+        mine = [s for s in starts[rank::world] if not shard_path(chunks, s).is_file()]
+        chunks.mkdir(parents=True, exist_ok=True)
+        try:
+            embed_shards(current.passages, chunks, mine, shard_size, encoder, batch_size, None,
+                         progress and rank == 0)
+        except BaseException as err:
+            if world > 1 and group is None:
+                (chunks / f"failed.rank{rank}").write_text(f"{type(err).__name__}: {err}\n", encoding="utf-8")
+            raise
+        return None, None
+
+    if group is None:
+        embed_mine()
+        if rank != 0:
+            return current.version + 1
+        return _commit(root, current, encoder, chunks, starts, shard_size, batch_size, what, log, progress, t0,
+                       world, wait_minutes)
+    group.each(embed_mine)
+    _, version = group.on_main(lambda: (None, _commit(root, current, encoder, chunks, starts, shard_size, batch_size,
+                                                      what, log, progress, t0, 1, wait_minutes)))
+    return version
+
+
+def _wait_for_chunks(chunks: Path, starts, world: int, wait_minutes: float) -> None:
+    """Rank 0: until every chunk is there; a failure file of another rank, or the wait running out, stops it."""
+    deadline = time.monotonic() + wait_minutes * 60
+    while True:
+        failed = sorted(chunks.glob("failed.rank*"))
+        if failed:
+            reason = failed[0].read_text(encoding="utf-8").strip().splitlines()[:1]
+            raise UserError(f"another process of the re-embedding failed ({failed[0].name}: "
+                            f"{reason[0] if reason else '?'})", path=str(failed[0]), fix="see that process's log")
+        missing = [s for s in starts if not shard_path(chunks, s).is_file()]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise UserError(f"{len(missing)} of {len(starts)} embedding chunks did not arrive within "
+                            f"{wait_minutes:g} minutes from the other {world - 1} processes", path=str(chunks),
+                            fix="see the other processes' logs; the chunks written are kept for the next run")
+        time.sleep(0.5)
+
+
+def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks: Path, starts, shard_size: int,
+            batch_size: int, what: str, log, progress: bool, t0: float, world: int, wait_minutes: float) -> int:
+    """Rank 0: the chunks into version v+1 (built by the builder in its partial directory), then made current."""
+    from rag_plugin.build import stages
+    from rag_plugin.build.builder import build_knowledge_source
+    from rag_plugin.build.update import update_settings
+
+    if world > 1:
+        _wait_for_chunks(chunks, starts, world, wait_minutes)
+    base, new = current.version, current.version + 1
+    with versions.UpdateLock(root):
+        if versions.current_version(root) != base:
+            raise UserError(f"the knowledge source moved on to version {versions.current_version(root)} while "
+                            f"version {base} was re-embedded", path=str(root), fix="re-embed the current version")
+        settings = update_settings(current, [])
+        identity = encoder.identity()
+        partial, final = versions.partial_dir(root, new), versions.version_dir(root, new)
+        _discard_other(partial, final, encoder.tower_sha, log)
+        if not (final / MANIFEST).is_file():
+            if not (partial / BUILD_DIR / "settings.json").is_file() and not (partial / MANIFEST).is_file():
+                fingerprint = {**settings.fingerprint(), ENCODER_IDENTITY: passage_side(identity)}
+                stages.start_build_state(partial, "new", None, fingerprint, shard_size, log)
+            for s in starts:  # the chunks join the build state (a rename each; those moved before are there)
+                if shard_path(chunks, s).is_file():
+                    os.replace(shard_path(chunks, s), shard_path(shards_dir(partial), s))
+            store = current.passages
+            extra = {"version": new, "previous_version": base, TOWER_SHA: encoder.tower_sha, FROM: what}
+            build_knowledge_source(str(partial), settings, encoder=encoder, shard_size=shard_size,
+                                   batch_size=batch_size, progress=progress, log=log, manifest_extra=extra,
+                                   collection=lambda: (store.passage(r) for r in range(len(store))))
+            _keep_base_identity(partial, current.encoder_identity, time.perf_counter() - t0)
+            os.replace(partial, final)
+        versions.switch_to(root, new)
+    shutil.rmtree(chunks, ignore_errors=True)
+    log(f"{root}: version {new} is current: {len(current)} passages re-embedded from {what} "
+        f"in {time.perf_counter() - t0:.1f}s")
+    return new
+
+
+def _tower_of(directory: Path) -> Optional[str]:
+    """The tower hash an unfinished (or finished, never current) re-embedding in ``directory`` was begun with."""
+    for path, key in ((directory / MANIFEST, "build_settings"), (directory / BUILD_DIR / "settings.json", None)):
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        recorded = recorded.get(key) or {} if key else recorded
+        return (recorded.get(ENCODER_IDENTITY) or {}).get(TOWER_SHA, "")
+    return None
+
+
+def _discard_other(partial: Path, final: Path, tower_sha: str, log) -> None:
+    """Remove what another update or re-embedding left unfinished (or finished but never made current) as v+1."""
+    for d in (final, partial):
+        if d.is_dir() and _tower_of(d) != tower_sha:
+            if d == final and versions.in_use(d):
+                raise UserError("a version that was never made current is open in a process", path=str(d),
+                                fix="stop that process, then rerun")
+            log(f"discarding {d.name}: an unfinished update of other content")
+            if (d / MANIFEST).is_file():
+                (d / MANIFEST).unlink()
+            shutil.rmtree(d)
+
+
+def _keep_base_identity(partial: Path, base_identity: dict, seconds: float) -> None:
+    """The manifest's ``encoder`` is the source's own (the tower's hash is recorded beside it)."""
+    manifest = json.loads((partial / MANIFEST).read_text(encoding="utf-8"))
+    manifest.update(encoder=base_identity, reembed_seconds=round(seconds, 2))
+    atomic_write_json(partial / MANIFEST, manifest)
+
+
+# ------------------------------------------------------------------------------------- tower files
+def save_tower_state(state: Dict, path: Path) -> Path:
+    """``state`` (tensors) as a safetensors file, written atomically (no pickle)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
+    return Path(path)
+
+
+def read_tower_state(path: str) -> Dict:
+    """A document tower's weights: a ``.safetensors`` file, a ``.pt`` holding ``{"document_tower": state}``, or a
+    fairseq checkpoint of a model trained with ``--train-doc-encoder``."""
+    import torch
+
+    from rag_plugin.util.safe_load import safe_torch_load
+
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        if not Path(path).is_file():
+            raise UserError("document tower file not found", path=str(path), fix="check the path")
+        return load_file(str(path))
+    loaded = safe_torch_load(path, what="document tower file")
+    if isinstance(loaded, dict) and isinstance(loaded.get("document_tower"), dict):
+        return dict(loaded["document_tower"])
+    if isinstance(loaded, dict) and "model" in loaded:
+        from rag_plugin.models.doc_encoder import doc_encoder_state_from_checkpoint  # the doc_encoder branch
+
+        return doc_encoder_state_from_checkpoint(path)
+    if isinstance(loaded, dict) and loaded and all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        return dict(loaded)
+    raise UserError("not a document tower: neither a fairseq checkpoint nor {'document_tower': state dict}",
+                    path=str(path), fix="pass a checkpoint trained with --train-doc-encoder")
+
+
+@cli_main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rag_plugin.build.reembed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--knowledge", required=True)
+    p.add_argument("--tower", required=True, help="the document tower's weights (.safetensors, .pt, checkpoint)")
+    p.add_argument("--what", default=None, help="what the weights are, for the manifest (default: --tower)")
+    p.add_argument("--base-version", type=int, default=None, help="the version re-embedded (default: current)")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch and FAISS threads")
+    p.add_argument("--device", default="cpu", help="where the passage tower runs: cpu, cuda, cuda:N")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help="passages per embedding chunk")
+    p.add_argument("--wait-minutes", type=float, default=24 * 60)
+    p.add_argument("--result", default=None, help="write {version, seconds} here (JSON) when done")
+    args = p.parse_args(argv)
+    import torch
+
+    from rag_plugin.retrieval.index import set_faiss_threads
+
+    torch.set_num_threads(args.threads)
+    set_faiss_threads(args.threads)
+    t0 = time.perf_counter()
+    current = KnowledgeSource(args.knowledge, version=args.base_version)
+    what = args.what or args.tower
+    encoder = tower_encoder(current, read_tower_state(args.tower), what)
+    encoder.encoder.to(args.device)
+    base = current.version
+    del current
+    version = reembed(args.knowledge, None, what=what, encoder=encoder, rank=args.rank,
+                      world=args.world, base_version=base, batch_size=args.batch_size,
+                      shard_size=args.chunk_size, progress=False, wait_minutes=args.wait_minutes,
+                      log=lambda m: print(m, flush=True))
+    if args.result:
+        atomic_write_json(args.result, {"version": version, "seconds": round(time.perf_counter() - t0, 2),
+                                        "rank": args.rank})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

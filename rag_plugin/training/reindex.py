@@ -1,0 +1,235 @@
+"""``--reindex-every N``: while the document encoder trains (``--train-doc-encoder``), embed the knowledge source
+again every N updates in background processes, and switch every rank to the new version at the same step.
+
+At an update that is a multiple of N, when no re-index is running on any rank, each rank writes a snapshot of
+the document tower (``model.doc_encoder_state()``, a safetensors file in ``KS/.reindex/``) and starts one process
+(``python -m rag_plugin.build.reembed``, :mod:`rag_plugin.build.reembed`; ``--reindex-threads`` threads, niced,
+killed with the trainer) that embeds its share of the passages (rank r: chunks r, r + world, ...); rank 0's
+process waits for every chunk, builds the index and makes the new version current. Training goes on meanwhile
+with the version it has open (the stale index).
+
+Each step every rank reads ``CURRENT``; the ranks agree (an all-reduce MIN over a gloo group, only when
+torch.distributed is initialised) on the newest version every one of them sees and whether a re-index is still
+running anywhere; a newer version is opened by every rank at that same step and the model's retriever follows
+(:func:`switch_model_retriever`). A re-index that fails is one warning line naming its log; training goes on,
+and the next one tries again. At exit a running re-index is stopped (its partial version stays partial).
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from rag_plugin.build.reembed import CHUNK_SIZE, REINDEX_DIR, chunk_dir, save_tower_state
+from rag_plugin.retrieval import versions
+from rag_plugin.util.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+#: how long a stopped re-index process gets to end after SIGTERM before it is killed
+STOP_SECONDS = 30
+
+
+def unwrapped(model):
+    """The model inside fairseq's / torch's distributed wrappers."""
+    import torch
+
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+def switch_model_retriever(task, model) -> None:
+    """After ``task.reopen_knowledge()``: the model retrieves from the version the task has open now."""
+    m = unwrapped(model)
+    context = task.retrieval_context(m.cfg)
+    m.context, m.retriever = context, context.retriever
+    m.knowledge_identity = dict(context.identity) or None
+
+
+def check_options(task, model) -> None:
+    """One-line errors for a ``--reindex-every`` that could not do anything useful."""
+    cfg = task.cfg
+    if cfg.reindex_every < 0 or cfg.reindex_threads < 1:
+        raise UserError(f"--reindex-every must be 0 or more and --reindex-threads 1 or more, got "
+                        f"{cfg.reindex_every} and {cfg.reindex_threads}", fix="e.g. --reindex-every 500")
+    if not getattr(unwrapped(model).cfg, "train_doc_encoder", False):
+        raise UserError("--reindex-every re-embeds the passages with the document encoder being trained: it needs "
+                        "--train-doc-encoder (an unchanged encoder would write the same vectors again)",
+                        fix="add --train-doc-encoder, or leave out --reindex-every")
+    if cfg.n_docs == 0 or str(cfg.retriever) == "bm25":
+        raise UserError("--reindex-every needs dense retrieval (there is no index to re-embed closed book or with "
+                        "--retriever bm25)", fix="leave out --reindex-every")
+    if task.knowledge.imported:
+        raise UserError("--reindex-every: this knowledge source's vectors were imported; its document encoder "
+                        "cannot re-embed them", path=str(task.knowledge.directory),
+                        fix="rebuild it with rag-build-knowledge, or leave out --reindex-every")
+
+
+def reindexer(task, model) -> "Reindexer":
+    """The task's :class:`Reindexer` (made, and the options checked, at the first training step)."""
+    if getattr(task, "_reindexer", None) is None:
+        check_options(task, model)
+        task._reindexer = Reindexer(Path(task.knowledge.root), task.cfg)
+    return task._reindexer
+
+
+class Reindexer:
+    """The re-index processes of one rank and the agreement on when to switch (see the module docstring)."""
+
+    chunk_size = CHUNK_SIZE  # passages per embedding chunk (tests make it small)
+
+    def __init__(self, root: Path, cfg, log: Callable[[str], None] = logger.info):
+        import torch.distributed as dist
+
+        self.root, self.cfg, self.log = Path(root), cfg, log
+        self.work = self.root / REINDEX_DIR
+        self.rank, self.world, self.group = 0, 1, None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            self.group = dist.new_group(backend="gloo")  # every rank makes it at its first step
+        self.proc: Optional[subprocess.Popen] = None
+        self.started_update, self.started_at, self.log_file = -1, 0.0, None
+        self._libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ each step
+    def step(self, task, model, update_num: int) -> None:
+        """Before the step ``update_num``: note a finished re-index, switch to a newer version every rank sees,
+        start a re-index at a multiple of ``--reindex-every`` if none is running anywhere."""
+        self._poll(task)
+        seen, running = self._agree(self._seen(task), self.proc is not None)
+        if seen > task.knowledge.version:
+            self._switch(task, model, seen, update_num)
+        every = self.cfg.reindex_every
+        if update_num > 0 and update_num % every == 0 and update_num != self.started_update and not running:
+            self._start(task, model, update_num)
+
+    def _seen(self, task) -> int:
+        """The newest complete version this rank sees (``CURRENT``)."""
+        try:
+            return versions.current_version(self.root)
+        except UserError:
+            return task.knowledge.version
+
+    def _agree(self, seen: int, running: bool):
+        """(the smallest version every rank sees, whether any rank's re-index runs): one all-reduce."""
+        if self.group is None:
+            return seen, running
+        import torch
+        import torch.distributed as dist
+
+        both = torch.tensor([seen, -int(running)], dtype=torch.long)
+        dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.group)
+        return int(both[0]), bool(-int(both[1]))
+
+    def _switch(self, task, model, version: int, update_num: int) -> None:
+        old = task.knowledge.version
+        task.reopen_knowledge(version)
+        switch_model_retriever(task, model)
+        self.log(f"knowledge version {version} (was {old}) is read from update {update_num} on, by every rank")
+
+    # ------------------------------------------------------------------ the processes
+    def _start(self, task, model, update_num: int) -> None:
+        from rag_plugin.retrieval.encoders.weights import state_dict_sha256
+
+        state = unwrapped(model).doc_encoder_state()
+        tower = save_tower_state(state, self.work / f"snapshot-rank{self.rank}.safetensors")
+        base = task.knowledge.version
+        if self.rank == 0:  # chunks of earlier, unfinished re-indexes will never be used
+            keep = chunk_dir(self.root, base, state_dict_sha256(state)).name
+            for d in self.work.glob("v*-*"):
+                if d.is_dir() and d.name != keep:
+                    shutil.rmtree(d, ignore_errors=True)
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        self.log_file = self.work / "logs" / f"update{update_num:09d}-rank{self.rank}.log"
+        result = self.work / f"result-rank{self.rank}.json"
+        result.unlink(missing_ok=True)
+        cfg = self.cfg
+        cmd = [sys.executable, "-m", "rag_plugin.build.reembed", "--knowledge", str(self.root), "--tower", str(tower),
+               "--what", f"training snapshot at update {update_num}", "--base-version", str(base),
+               "--rank", str(self.rank), "--world", str(self.world), "--threads", str(cfg.reindex_threads),
+               "--batch-size", str(cfg.reindex_batch_size), "--wait-minutes", str(cfg.reindex_wait_minutes),
+               "--chunk-size", str(self.chunk_size), "--result", str(result), "--device", self._device()]
+        with open(self.log_file, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
+                                         stdin=subprocess.DEVNULL, preexec_fn=self._child_setup(os.getpid()))
+        self.started_update, self.started_at = update_num, time.monotonic()
+        if self.rank == 0:
+            self.log(f"re-index of knowledge version {base} started at update {update_num} ({self.world} "
+                     f"process(es), log {self.log_file})")
+
+    def _device(self) -> str:
+        device = str(getattr(self.cfg, "reindex_device", "cpu") or "cpu")
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device
+
+    def _env(self) -> dict:
+        import rag_plugin
+
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        threads = str(self.cfg.reindex_threads)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        package_parent = str(Path(rag_plugin.__file__).resolve().parents[1])  # --user-dir: not installed
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        return env
+
+    def _child_setup(self, parent: int):
+        libc = self._libc
+
+        def setup():  # in the child, before exec: lower priority; die with the trainer
+            os.nice(10)
+            if libc is not None:
+                libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+                if os.getppid() != parent:  # the trainer died before that
+                    os._exit(1)
+
+        return setup
+
+    def _poll(self, task) -> None:
+        if self.proc is None or self.proc.poll() is None:
+            return
+        rc, self.proc = self.proc.returncode, None
+        seconds = time.monotonic() - self.started_at
+        if rc != 0:
+            logger.warning("re-index started at update %d failed (exit %d) after %.0fs: see %s; training goes on "
+                           "with knowledge version %d, the next re-index tries again", self.started_update, rc,
+                           seconds, self.log_file, task.knowledge.version)
+        elif self.rank == 0:
+            try:
+                done = json.loads((self.work / "result-rank0.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                done = {}
+            self.log(f"re-index started at update {self.started_update} wrote knowledge version "
+                     f"{done.get('version', '?')} in {seconds:.1f}s")
+
+    def close(self) -> None:
+        """Stop a running re-index (at the end of training or exit; its partial version stays partial), or wait for it
+        (``--reindex-wait-at-exit``)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if getattr(self.cfg, "reindex_wait_at_exit", False):
+            logger.info("waiting for the re-index started at update %d to land (--reindex-wait-at-exit): see %s",
+                        self.started_update, self.log_file)
+            rc = proc.wait()
+            logger.info("the re-index started at update %d ended (exit %d) after %.0fs", self.started_update, rc,
+                        time.monotonic() - self.started_at)
+            return
+        proc.terminate()
+        try:
+            proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        logger.info("stopped the re-index started at update %d (unfinished: the next run starts afresh)",
+                    self.started_update)
