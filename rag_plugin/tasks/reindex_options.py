@@ -28,3 +28,7 @@ class ReindexConfig(FairseqDataclass):
         default=False, metadata={"help": "at the end of training wait for a running re-index to land (the source's "
                                          "current version is then embedded by the last snapshot) instead of stopping "
                                          "it (its unfinished version is never made current)"})
+    reindex_keep: int = field(
+        default=0, metadata={"help": "after each switch to a re-indexed version, remove the versions older than the "
+                                     "N newest that no process has open (each version is a full copy of the vectors "
+                                     "and index); 0 = keep every version"})

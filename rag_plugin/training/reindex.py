@@ -59,6 +59,9 @@ def switch_model_retriever(task, model) -> None:
 def check_options(task, model) -> None:
     """One-line errors for a ``--reindex-every`` that could not do anything useful."""
     cfg = task.cfg
+    if int(getattr(cfg, "reindex_keep", 0) or 0) < 0:
+        raise UserError(f"--reindex-keep must be 0 (keep every version) or more, got {cfg.reindex_keep}",
+                        fix="e.g. --reindex-keep 2")
     if cfg.reindex_every < 0 or cfg.reindex_threads < 1:
         raise UserError(f"--reindex-every must be 0 or more and --reindex-threads 1 or more, got "
                         f"{cfg.reindex_every} and {cfg.reindex_threads}", fix="e.g. --reindex-every 500")
@@ -137,6 +140,20 @@ class Reindexer:
         task.reopen_knowledge(version)
         switch_model_retriever(task, model)
         self.log(f"knowledge version {version} (was {old}) is read from update {update_num} on, by every rank")
+        keep = int(getattr(self.cfg, "reindex_keep", 0) or 0)
+        if self.rank == 0 and keep > 0:
+            self._remove_old_versions(keep)
+
+    def _remove_old_versions(self, keep: int) -> None:
+        """--reindex-keep: the versions older than the ``keep`` newest go, unless a process has one open (another
+        rank still switching: it goes at the next switch)."""
+        from rag_plugin.build.update import remove_old_versions
+
+        try:
+            with versions.UpdateLock(self.root):
+                remove_old_versions(self.root, keep, self.log)
+        except UserError as e:  # an update of the source is running: the next switch tries again
+            self.log(f"old versions kept for now: {e}")
 
     # ------------------------------------------------------------------ the processes
     def _start(self, task, model, update_num: int) -> None:

@@ -205,3 +205,31 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     expected = encoder.encode_passages([old.passages.title(r) for r in range(len(old))],
                                        [old.passages.text(r) for r in range(len(old))], progress=False)
     np.testing.assert_allclose(np.asarray(landed.vectors), expected, atol=1e-5, rtol=0)
+
+
+def test_reindex_keep_removes_the_versions_no_process_has_open(tmp_path, monkeypatch):
+    """--reindex-keep 1: after the switch to version 3, version 2 (closed by the switch) is removed; version 1, which
+    this process still has open (the model's), is kept."""
+    root = _build(tmp_path)
+    monkeypatch.setattr(reindex.Reindexer, "chunk_size", CHUNK)
+    task = FakeTask(str(root), every=2)
+    task.cfg.reindex_keep = 1
+    model = FakeModel(task.knowledge)
+    holder = KnowledgeSource(str(root))  # version 1 open elsewhere
+    logs = []
+    r = reindex.Reindexer(root, task.cfg, log=logs.append)
+    task._reindexer = r
+    for update in range(1, 5000):
+        model.train_to(update)
+        reindex.reindexer(task, model).step(task, model, update)
+        if task.knowledge.version == 3:
+            break
+        time.sleep(0.02)
+    r.close()
+    assert task.knowledge.version == 3
+    assert versions.versions(root) == [1, 3], logs
+    assert holder.version == 1 and len(holder.passages) == N  # kept: it is open
+    assert any("removed versions [2]" in m for m in logs), logs
+    task.cfg.reindex_keep = -1
+    with pytest.raises(UserError, match="--reindex-keep"):
+        reindex.check_options(task, FakeModel(task.knowledge))
