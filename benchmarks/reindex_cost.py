@@ -41,6 +41,7 @@ RUNS = {"query": {}, "doc": {"model.train_doc_encoder": True},
 TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 WROTE = re.compile(r"wrote knowledge version (\d+) in ([\d.]+)s")
 READ_FROM = re.compile(r"knowledge version (\d+) \(was \d+\) is read from update (\d+)")
+ENDED = re.compile(r"the re-index started at update (\d+) ended \(exit (\d+)\) after ([\d.]+)s")
 
 
 def build_source(args, work: Path) -> Path:
@@ -82,7 +83,10 @@ def train(name: str, extra: dict, args, ks: Path, work: Path) -> dict:
         raise SystemExit(f"{name}: fairseq-train failed, see {work / f'train_{name}.log'}")
     return {"seconds_per_update": seconds_per_update(log), "wall_s": round(time.perf_counter() - started, 1),
             "reindexes": [{"version": int(v), "seconds": float(s)} for v, s in WROTE.findall(log)],
-            "switches": [{"version": int(v), "from_update": int(u)} for v, u in READ_FROM.findall(log)]}
+            "switches": [{"version": int(v), "from_update": int(u)} for v, u in READ_FROM.findall(log)],
+            # a re-index still running when training ends (waited for: --reindex-wait-at-exit)
+            "ended_at_exit": [{"started_update": int(u), "exit": int(c), "seconds": float(t)}
+                              for u, c, t in ENDED.findall(log)]}
 
 
 def main(argv=None) -> int:
