@@ -62,6 +62,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         self.best_checkpoint_metric = best_checkpoint_metric
         self.retriever_loss, self.retriever_loss_weight, self.retriever_temperature = RL.options(task)
         self.retriever_target_temperature = RL.target_temperature(task)
+        self.retriever_schedule = RL.LossSchedule(task)  # --retriever-loss-start
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -72,8 +73,8 @@ class MarginalNLLCriterion(FairseqCriterion):
         retriever = None
         if self.retriever_loss != "none" and net_output[1].get("doc_rows") is not None:
             retriever = self.compute_retriever_loss(model, net_output, sample, doc_lp, lprobs)
-            # fairseq divides the summed loss by sample_size: the retriever loss enters as its mean per question
-            loss = loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
+            if self.retriever_schedule.active:  # fairseq divides by sample_size: the mean per question enters
+                loss = loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
         stats = {
             "loss": loss.sum().data if reduce else loss.data,
             "nll_loss": nll.sum().data,
@@ -147,6 +148,10 @@ class MarginalNLLCriterion(FairseqCriterion):
         if n_gold > 0:
             metrics.log_scalar("gold_doc_prob", total("gold_doc_prob") / n_gold, n_gold, round=4)
         RL.log_retriever_metrics(logging_outputs, metrics)
+
+    def set_update(self, update_num: int) -> None:
+        """The task's train_step: the update about to be trained (for --retriever-loss-start)."""
+        self.retriever_schedule.set_update(update_num)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

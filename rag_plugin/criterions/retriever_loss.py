@@ -24,6 +24,22 @@ def options(task) -> tuple:
     return loss, float(getattr(cfg, "retriever_loss_weight", 1.0)), float(getattr(cfg, "retriever_temperature", 1.0))
 
 
+class LossSchedule:
+    """``--retriever-loss-start``: whether the retriever loss is part of the loss trained at the current update
+    (the task tells the criterion each update, :meth:`set_update`; before the start it is only logged)."""
+
+    def __init__(self, task):
+        self.start = int(getattr(getattr(task, "cfg", None), "retriever_loss_start", 0) or 0)
+        self.update = 0
+
+    def set_update(self, update_num: int) -> None:
+        self.update = int(update_num)
+
+    @property
+    def active(self) -> bool:
+        return self.update >= self.start
+
+
 def target_temperature(task) -> float:
     """``--retriever-target-temperature`` (1 for a task without it)."""
     return float(getattr(getattr(task, "cfg", None), "retriever_target_temperature", 1.0))

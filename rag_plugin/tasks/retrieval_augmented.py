@@ -336,6 +336,8 @@ class RetrievalAugmentedTask(FairseqTask):
             from rag_plugin.training.reindex import reindexer
 
             reindexer(self, model).step(self, model, update_num)
+        if hasattr(criterion, "set_update"):  # --retriever-loss-start
+            criterion.set_update(update_num)
         loss, sample_size, stats = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         if not ignore_grad:
             self.collapse.observe_train(stats)

@@ -34,6 +34,10 @@ class RetrieverTrainingConfig(FairseqDataclass):
         default=1.0, metadata={"help": "weight of --retriever-loss: the loss trained is the criterion's (per target "
                                        "token, or per example with --sentence-avg) + this x the retriever loss per "
                                        "question"})
+    retriever_loss_start: int = field(
+        default=0, metadata={"help": "the retriever loss joins the loss trained from this update on (before it is "
+                                     "only logged): a barely trained reader's target can pull the retriever away "
+                                     "from the gold passages, so let the reader learn first"})
     retriever_temperature: float = field(
         default=1.0, metadata={"help": "--retriever-loss compares its target with softmax(doc scores / this): the "
                                        "scores learned are the target's logits x this"})
@@ -107,6 +111,9 @@ def check_options(cfg, n_passages: int) -> None:
         return
     if not float(cfg.retriever_loss_weight) >= 0:
         raise UserError(f"--retriever-loss-weight {cfg.retriever_loss_weight} is negative", fix="use a weight >= 0")
+    if int(getattr(cfg, "retriever_loss_start", 0)) < 0:
+        raise UserError(f"--retriever-loss-start {cfg.retriever_loss_start} is negative",
+                        fix="give the update the retriever loss starts at (0: from the first)")
     if not float(cfg.retriever_temperature) > 0:
         raise UserError(f"--retriever-temperature {cfg.retriever_temperature} must be positive", fix="e.g. 1")
     target_t = getattr(cfg, "retriever_target_temperature", 1.0)

@@ -208,3 +208,29 @@ def test_hybrid_model_fuses_and_trains_the_query_encoder(tiny_world, fusion):
     assert extra["doc_rows"].tolist() == rows.tolist()
     torch.testing.assert_close(extra["doc_scores"], logits)
     assert float(extra["doc_scores"].max()) <= 10.0 + 1e-5                # scale x fused score in [0, 1]
+
+
+def test_retriever_loss_start_trains_the_reader_alone_before_it(tiny_world):
+    """--retriever-loss-start 3: at updates 0-2 the loss trained is the marginal NLL alone (the retriever loss is
+    logged), from update 3 on it includes the weighted retriever loss; the task hands the update to the criterion."""
+    task = _task(tiny_world, retriever_loss="pdist", retriever_loss_weight=W, retriever_loss_start=3)
+    model = _model(RagTokenModel, task).eval()
+    crit = MarginalNLLCriterion(task)
+    sample = _batch(task)
+    per_question = None
+    with torch.no_grad():
+        for update, joined in ((0, False), (2, False), (3, True), (7, True)):
+            crit.set_update(update)
+            loss, sample_size, log = crit(model, sample)
+            per_question = sample_size / sample["target"].size(0)
+            added = float(loss) - float(log["nll_loss"])  # label smoothing 0: loss = nll + the retriever part
+            assert float(log["retriever_loss"]) > 0
+            expected = W * per_question * float(log["retriever_loss"]) if joined else 0.0
+            assert added == pytest.approx(expected, rel=1e-4, abs=1e-4), update
+    seen = []
+    crit.set_update = seen.append
+    task.train_step(sample, model.train(), crit, optimizer=type("Opt", (), {"backward": lambda self, x: None})(),
+                    update_num=5)
+    assert seen == [5]
+    with pytest.raises(UserError, match="--retriever-loss-start"):
+        _task(tiny_world, retriever_loss="pdist", retriever_loss_start=-1)
