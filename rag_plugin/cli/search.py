@@ -1,7 +1,7 @@
 """rag-search: search a knowledge source; print one JSON object per hit, and optionally write KILT output.
 
-    rag-search --knowledge DIR (--query TEXT | --queries FILE | --data-file DATA/test.jsonl) [-k 5] [--bm25] \\
-        [--kilt-out hits.kilt.jsonl]
+    rag-search --knowledge DIR (--query TEXT | --queries FILE | --data-file DATA/test.jsonl) [-k 5] \\
+        [--bm25 | --hybrid [--fusion rrf|weighted] [--rrf-k 60] [--fusion-weight 0.5]] [--kilt-out hits.kilt.jsonl]
 
 Each printed line: {"query": <0-based question number>, "rank", "id", "title", "score", "text"}.
 
@@ -75,7 +75,16 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--private-index", action="store_true",
                    help="read a private copy of the FAISS index (default: mapped read-only, shared by the processes "
                         "of this machine)")
-    p.add_argument("--bm25", action="store_true", help="BM25 over the passage texts instead of the dense index")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--bm25", action="store_true", help="BM25 over the passage texts instead of the dense index")
+    which.add_argument("--hybrid", action="store_true",
+                       help="dense and BM25 candidates fused (as --retriever hybrid in training and generation)")
+    p.add_argument("--fusion", choices=("rrf", "weighted"), default="rrf",
+                   help="--hybrid: reciprocal rank fusion or min-max normalised weighted scores")
+    p.add_argument("--rrf-k", type=float, default=60.0, help="--fusion rrf: the k of 1 / (k + rank)")
+    p.add_argument("--fusion-weight", type=float, default=0.5, help="--fusion weighted: the dense side's weight")
+    p.add_argument("--hybrid-candidates", type=int, default=0,
+                   help="--hybrid: candidates from each side before fusing (0: max(20, 2 x -k))")
     p.add_argument("--kilt-out", default=None, metavar="FILE",
                    help="also write the hits as KILT JSONL (one record per question) for rag-evaluate")
     return p
@@ -99,8 +108,18 @@ def _retriever(args):
 
     if args.bm25:
         return BM25Retriever.from_dir(args.knowledge)
-    return DenseRetriever.from_dir(args.knowledge, nprobe=args.nprobe, ef_search=args.ef_search,
-                                   index_mode="private" if args.private_index else "shared")
+    dense = DenseRetriever.from_dir(args.knowledge, nprobe=args.nprobe, ef_search=args.ef_search,
+                                    index_mode="private" if args.private_index else "shared")
+    if not args.hybrid:
+        return dense
+    from rag_plugin.retrieval.hybrid import HybridRetriever
+
+    candidates = args.hybrid_candidates or max(20, 2 * args.k)
+    if candidates < args.k:
+        raise UserError(f"--hybrid-candidates {candidates} is fewer than -k {args.k}",
+                        fix=f"take at least {args.k} candidates from each side (0: automatic)")
+    return HybridRetriever(dense, BM25Retriever(dense.store), fusion=args.fusion, rrf_k=args.rrf_k,
+                           weight=args.fusion_weight, candidates=min(candidates, len(dense.store)))
 
 
 def search(args, out, kilt) -> None:

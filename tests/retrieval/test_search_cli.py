@@ -138,3 +138,54 @@ def test_a_damaged_shard_is_named_in_one_line(world, sharded, tmp_path, damage, 
         shutil.copyfile(copy / "shards" / "00000" / "index.faiss", index)
     proc = _run("--knowledge", copy, "--query", "anything", "-k", K)
     assert_one_line_error(proc, needle, str(copy / "shards"))
+
+
+def _lines(proc):
+    hits = {}
+    for line in proc.stdout.splitlines():
+        h = json.loads(line)
+        hits.setdefault(h["query"], []).append(h)
+    return hits
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "weighted"])
+def test_hybrid_search_equals_the_fusion_of_the_dense_and_bm25_lists(world, tmp_path, fusion):
+    """rag-search --hybrid: the hits are the k best of the union of the dense and BM25 top-L lists under the fused
+    score, computed here by hand from rag-search's own dense and --bm25 lists (scores: the fused logits)."""
+    questions = tmp_path / "q.txt"
+    questions.write_text("".join(g["input"] + "\n" for g in world["gold"]))
+    cands = 10
+    dense = _lines(_run("--knowledge", world["ks"].directory, "--queries", questions, "-k", cands))
+    every = _lines(_run("--knowledge", world["ks"].directory, "--queries", questions, "-k", 60))  # all dense scores
+    bm25 = _lines(_run("--knowledge", world["ks"].directory, "--queries", questions, "-k", cands, "--bm25"))
+    r = _run("--knowledge", world["ks"].directory, "--queries", questions, "-k", K, "--hybrid", "--fusion", fusion,
+             "--hybrid-candidates", cands, "--fusion-weight", 0.3)
+    assert r.returncode == 0, r.stderr[-2000:]
+    hybrid = _lines(r)
+    for qi in range(len(world["gold"])):
+        d = {h["id"]: (h["rank"], h["score"]) for h in dense[qi]}
+        b = {h["id"]: (h["rank"], h["score"]) for h in bm25.get(qi, []) if h["score"] > 0}
+        fused = {}
+        for pid in set(d) | set(b):
+            if fusion == "rrf":
+                fused[pid] = sum(1.0 / (60.0 + side[pid][0] + 1) for side in (d, b) if pid in side) / (2 / 61.0)
+            else:  # dense: min-max over the union's own inner products; BM25: over its list, 0 outside it
+                q_d = {h["id"]: h["score"] for h in every[qi]}
+                union = set(d) | set(b)
+                lo, hi = min(q_d[x] for x in union), max(q_d[x] for x in union)
+                b_lo, b_hi = min(v[1] for v in b.values()), max(v[1] for v in b.values())
+                dense_part = (q_d[pid] - lo) / (hi - lo) if hi > lo else 0.0
+                bm25_part = (b[pid][1] - b_lo) / (b_hi - b_lo) if pid in b and b_hi > b_lo else 0.0
+                fused[pid] = 0.3 * dense_part + 0.7 * bm25_part
+        got = [h["id"] for h in hybrid[qi]]
+        assert len(got) == K and set(got) <= set(fused)
+        best = sorted(fused.values(), reverse=True)
+        assert [round(fused[g], 5) for g in got] == pytest.approx([round(v, 5) for v in best[:K]], abs=1e-4), qi
+
+
+def test_hybrid_search_bad_options_are_one_line_errors(world):
+    r = _run("--knowledge", world["ks"].directory, "--query", "a b", "--hybrid", "--fusion", "weighted",
+             "--fusion-weight", "1.5")
+    assert_one_line_error(r, "--fusion-weight 1.5")
+    r = _run("--knowledge", world["ks"].directory, "--query", "a b", "--hybrid", "--bm25")
+    assert r.returncode == 2 and "--hybrid" in r.stderr and "Traceback" not in r.stderr
