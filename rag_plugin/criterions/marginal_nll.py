@@ -50,9 +50,7 @@ def gold_doc_prob(doc_lp: torch.Tensor, doc_rows, gold_rows) -> torch.Tensor:
 
 
 @register_criterion("marginal_nll", dataclass=MarginalNLLConfig)
-class MarginalNLLCriterion(FairseqCriterion):
-    #: adds the task's --retriever-loss (rag_plugin.tasks.retriever_options.check_criterion)
-    adds_retriever_loss = True
+class MarginalNLLCriterion(RL.AddsRetrieverLoss, FairseqCriterion):
 
     def __init__(self, task, label_smoothing: float = 0.0, sentence_avg: bool = False,
                  best_checkpoint_metric: str = "loss"):
@@ -60,9 +58,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         self.eps = label_smoothing
         self.sentence_avg = sentence_avg  # fairseq's --sentence-avg: gradients averaged per example, not per token
         self.best_checkpoint_metric = best_checkpoint_metric
-        self.retriever_loss, self.retriever_loss_weight, self.retriever_temperature = RL.options(task)
-        self.retriever_target_temperature = RL.target_temperature(task)
-        self.retriever_schedule = RL.LossSchedule(task)  # --retriever-loss-start
+        self.init_retriever_loss(task)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -73,8 +69,7 @@ class MarginalNLLCriterion(FairseqCriterion):
         retriever = None
         if self.retriever_loss != "none" and net_output[1].get("doc_rows") is not None:
             retriever = self.compute_retriever_loss(model, net_output, sample, doc_lp, lprobs)
-            if self.retriever_schedule.active:  # fairseq divides by sample_size: the mean per question enters
-                loss = loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
+            loss = self.with_retriever_loss(loss, retriever, sample_size, nsentences)
         stats = {
             "loss": loss.sum().data if reduce else loss.data,
             "nll_loss": nll.sum().data,
@@ -148,10 +143,6 @@ class MarginalNLLCriterion(FairseqCriterion):
         if n_gold > 0:
             metrics.log_scalar("gold_doc_prob", total("gold_doc_prob") / n_gold, n_gold, round=4)
         RL.log_retriever_metrics(logging_outputs, metrics)
-
-    def set_update(self, update_num: int) -> None:
-        """The task's train_step: the update about to be trained (for --retriever-loss-start)."""
-        self.retriever_schedule.set_update(update_num)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -24,15 +24,11 @@ class ReaderCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
 
 
 @register_criterion("reader_cross_entropy", dataclass=ReaderCrossEntropyConfig)
-class ReaderCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
-    #: adds the task's --retriever-loss (rag_plugin.tasks.retriever_options.check_criterion)
-    adds_retriever_loss = True
+class ReaderCrossEntropyCriterion(RL.AddsRetrieverLoss, LabelSmoothedCrossEntropyCriterion):
 
     def __init__(self, task, sentence_avg, label_smoothing=0.0, ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        self.retriever_loss, self.retriever_loss_weight, self.retriever_temperature = RL.options(task)
-        self.retriever_target_temperature = RL.target_temperature(task)
-        self.retriever_schedule = RL.LossSchedule(task)  # --retriever-loss-start
+        self.init_retriever_loss(task)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -45,8 +41,7 @@ class ReaderCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         if self.retriever_loss != "none" and extra.get("doc_rows") is not None:
             retriever = RL.retriever_loss(self.retriever_loss, extra, self.retriever_temperature,
                                           target_temperature=self.retriever_target_temperature)   # [B]
-            if self.retriever_schedule.active:  # fairseq divides by sample_size: the mean per question enters
-                loss = loss + retriever.sum() * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
+            loss = self.with_retriever_loss(loss, retriever.sum(), sample_size, nsentences)
             stats["retriever_loss"] = retriever.sum().data
         stats["loss"] = loss.data
         gold = sample.get("gold_rows")
@@ -64,10 +59,6 @@ class ReaderCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
 
         super().reduce_metrics(logging_outputs)
         RL.log_retriever_metrics(logging_outputs, metrics)
-
-    def set_update(self, update_num: int) -> None:
-        """The task's train_step: the update about to be trained (for --retriever-loss-start)."""
-        self.retriever_schedule.set_update(update_num)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -2,10 +2,10 @@
 output (the math is :mod:`rag_plugin.core.retriever_losses`), the recall@K of the gold passages, and their
 logging (``retriever_loss``, ``recall_at_K``).
 
-A criterion calls :func:`retriever_loss` with what it has computed anyway (the per-document target
-log-probs of a RAG reader), adds ``weight x loss x sample_size / nsentences`` to its summed loss (so that,
-after fairseq divides by the sample size, the retriever loss enters as its mean per question), and puts
-:func:`retriever_stats` into its logging output.
+A criterion (an :class:`AddsRetrieverLoss`) calls :func:`retriever_loss` with what it has computed anyway
+(the per-document target log-probs of a RAG reader), adds ``weight x loss x sample_size / nsentences`` to its
+summed loss (:meth:`AddsRetrieverLoss.with_retriever_loss`: after fairseq divides by the sample size, the
+retriever loss enters as its mean per question), and puts :func:`retriever_stats` into its logging output.
 """
 import math
 from typing import Optional
@@ -17,32 +17,33 @@ from rag_plugin.tasks.retriever_options import ATTENTION_KEY
 from rag_plugin.util.errors import UserError
 
 
-def options(task) -> tuple:
-    """(loss name, weight, temperature) from the task's config; ('none', 0, 1) for a task without them."""
-    cfg = getattr(task, "cfg", None)
-    loss = str(getattr(cfg, "retriever_loss", "none") or "none")
-    return loss, float(getattr(cfg, "retriever_loss_weight", 1.0)), float(getattr(cfg, "retriever_temperature", 1.0))
+class AddsRetrieverLoss:
+    """What a criterion that adds the task's ``--retriever-loss`` shares (``marginal_nll``, ``reader_cross_entropy``):
+    the options read once (``retriever_term``), the update the task hands it each step (``--retriever-loss-start``),
+    and the weighted addition to its loss."""
 
+    #: checked by rag_plugin.tasks.retriever_options.check_criterion
+    adds_retriever_loss = True
 
-class LossSchedule:
-    """``--retriever-loss-start``: whether the retriever loss is part of the loss trained at the current update
-    (the task tells the criterion each update, :meth:`set_update`; before the start it is only logged)."""
-
-    def __init__(self, task):
-        self.start = int(getattr(getattr(task, "cfg", None), "retriever_loss_start", 0) or 0)
-        self.update = 0
+    def init_retriever_loss(self, task) -> None:
+        cfg = getattr(task, "cfg", None)  # a task without these options: no retriever loss
+        self.retriever_loss = str(getattr(cfg, "retriever_loss", "none") or "none")
+        self.retriever_loss_weight = float(getattr(cfg, "retriever_loss_weight", 1.0))
+        self.retriever_temperature = float(getattr(cfg, "retriever_temperature", 1.0))
+        self.retriever_target_temperature = float(getattr(cfg, "retriever_target_temperature", 1.0))
+        self.retriever_loss_start = int(getattr(cfg, "retriever_loss_start", 0) or 0)
+        self.update_num = 0
 
     def set_update(self, update_num: int) -> None:
-        self.update = int(update_num)
+        """The task's train_step: the update about to be trained (for --retriever-loss-start)."""
+        self.update_num = int(update_num)
 
-    @property
-    def active(self) -> bool:
-        return self.update >= self.start
-
-
-def target_temperature(task) -> float:
-    """``--retriever-target-temperature`` (1 for a task without it)."""
-    return float(getattr(getattr(task, "cfg", None), "retriever_target_temperature", 1.0))
+    def with_retriever_loss(self, loss: torch.Tensor, retriever: torch.Tensor, sample_size, nsentences: int):
+        """``loss`` + weight x ``retriever`` x sample_size / nsentences from --retriever-loss-start on (before, the
+        retriever loss is only logged): fairseq divides by sample_size, so its mean per question enters."""
+        if self.update_num < self.retriever_loss_start:
+            return loss
+        return loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
 
 
 def retriever_loss(name: str, extra: dict, temperature: float, token_lp: Optional[torch.Tensor] = None,

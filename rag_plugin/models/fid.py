@@ -24,6 +24,7 @@ import torch
 from fairseq.models import register_model, register_model_architecture
 
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
+from rag_plugin.models.doc_encoder import plain_state
 from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset, query_encoder_lr_scale
 from rag_plugin.tasks.retriever_options import ATTENTION_KEY
 from rag_plugin.util.errors import UserError
@@ -86,19 +87,10 @@ class FidModel(RagModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def _from_scaled_parameters(self, state_dict):
-        ours = self.state_dict()
         marker = ".parametrizations."
-        if any(marker in k for k in ours) or not any(marker in k for k in state_dict):
+        if any(marker in k for k in self.state_dict()) or not any(marker in k for k in state_dict):
             return state_dict
-        scale = query_encoder_lr_scale(self.cfg)
-        plain = {}
-        for key, value in state_dict.items():
-            if marker in key and key.endswith(".original"):
-                head, rest = key.split(marker, 1)
-                plain[f"{head}.{rest[: -len('.original')]}"] = value * scale
-            else:
-                plain[key] = value
-        return plain
+        return plain_state(state_dict, query_encoder_lr_scale(self.cfg))
 
     def fused_encode(self, src_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
                      fixed_doc_scores=None, n_docs: Optional[int] = None):
