@@ -46,12 +46,13 @@ def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
     return {"root": root, "data": data, "ks": root / "ks", "countries": countries}
 
 
-def world_settings(root: Path, num_shards: int = 1):
-    """The build settings of the world's knowledge source (its index in ``num_shards`` shards)."""
+def world_settings(root: Path, num_shards: int = 1, layers: int = 1):
+    """The build settings of the world's knowledge source (its index in ``num_shards`` shards, an encoder of
+    ``layers`` layers)."""
     from rag_plugin.build import BuildSettings
 
     return BuildSettings(passages=str(root / "passages.jsonl"),
-                         encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=0", index_factory="Flat",
+                         encoder=f"random:dim=32,layers={layers},heads=2,intermediate=64,seed=0", index_factory="Flat",
                          dict=str(root / "dict.txt"), bpe_model=str(root / "spm.model"), num_shards=num_shards)
 
 
@@ -62,4 +63,15 @@ def sharded_knowledge(world: dict, num_shards: int) -> Path:
     out = world["root"] / f"ks_{num_shards}_shards"
     if not (out / "manifest.json").is_file():
         build_knowledge_source(str(out), world_settings(world["root"], num_shards), progress=False, log=lambda m: None)
+    return out
+
+
+def layered_knowledge(world: dict, layers: int) -> Path:
+    """The world's knowledge source built again with an encoder of ``layers`` layers (once per world)."""
+    from rag_plugin.build import build_knowledge_source
+
+    out = world["root"] / f"ks_{layers}_layers"
+    if not (out / "manifest.json").is_file():
+        build_knowledge_source(str(out), world_settings(world["root"], layers=layers), progress=False,
+                               log=lambda m: None)
     return out

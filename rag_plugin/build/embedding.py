@@ -64,6 +64,8 @@ class VectorReuse:
 def _embed_rows(store: PassageStore, start: int, end: int, encoder, batch_size: int,
                 reuse: Optional[VectorReuse]) -> np.ndarray:
     """float32 [end - start, dim] vectors of the store's rows ``start:end``."""
+    if reuse is None and getattr(encoder, "lower", None) is not None:  # continued from cached lower-layer states
+        return encoder.encode_rows(start, end, batch_size)
     titles = [store.title(r) for r in range(start, end)]
     texts = [store.text(r) for r in range(start, end)]
     if reuse is None:

@@ -58,9 +58,44 @@ class TowerEncoder:
     def __init__(self, encoder, base_identity: dict, tower_sha: str):
         self.encoder, self.base_identity, self.tower_sha = encoder, dict(base_identity), tower_sha
         self.dim = int(encoder.dim)
+        #: a :class:`~rag_plugin.retrieval.encoders.lower_states.LowerStates` of this tower's frozen layers, or None
+        self.lower = None
 
     def encode_passages(self, titles, texts, batch_size: int = 64, progress: bool = False):
         return self.encoder.encode_passages(titles, texts, batch_size=batch_size, progress=progress)
+
+    def encode_rows(self, start: int, end: int, batch_size: int = 64):
+        """float32[end - start, D]: the rows' vectors from the cached states of the frozen lower layers (only the
+        layers above run)."""
+        import numpy as np
+        import torch
+
+        tower = self.encoder.passage_tower.eval()
+        param = next(tower.parameters())
+        out = np.empty((end - start, self.dim), dtype=np.float32)
+        with torch.inference_mode():
+            for s in range(start, end, batch_size):
+                hidden, mask = self.lower.gather(range(s, min(s + batch_size, end)))
+                vectors = tower.forward_from(hidden.to(param.device, param.dtype), mask.to(param.device),
+                                             self.lower.layers)
+                out[s - start:s - start + len(vectors)] = vectors.float().cpu().numpy()
+        return out
+
+    def use_lower_states(self, directory: str, tower_state: Dict, passages_sha256: str) -> None:
+        """Continue from the cache in ``directory`` (``--lower-states``): a one-line error unless it holds this
+        tower's frozen layers over these passages."""
+        from rag_plugin.retrieval.encoders import lower_states as cache
+
+        try:
+            lower = cache.LowerStates(directory)
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"not a complete lower-layer cache ({e})", path=str(directory),
+                            fix="leave --lower-states out (every layer runs)") from e
+        key = cache.cache_key(cache.frozen_part(tower_state, lower.layers), lower.layers, passages_sha256)
+        if lower.meta.get("key") != key:
+            raise UserError(f"the lower-layer cache is not of this tower's frozen {lower.layers} layers over these "
+                            "passages", path=str(directory), fix="leave --lower-states out (every layer runs)")
+        self.lower = lower
 
     def identity(self) -> dict:
         return {**self.base_identity, TOWER_SHA: self.tower_sha}
@@ -274,6 +309,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help="passages per embedding chunk")
     p.add_argument("--wait-minutes", type=float, default=24 * 60)
     p.add_argument("--result", default=None, help="write {version, seconds} here (JSON) when done")
+    p.add_argument("--lower-states", default=None,
+                   help="a cache of the tower's frozen lower layers (KS/.lower_states/..., --doc-encoder-train-layers):"
+                        " only the layers above run")
     args = p.parse_args(argv)
     import torch
 
@@ -284,8 +322,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     current = KnowledgeSource(args.knowledge, version=args.base_version)
     what = args.what or args.tower
-    encoder = tower_encoder(current, read_tower_state(args.tower), what)
+    state = read_tower_state(args.tower)
+    encoder = tower_encoder(current, state, what)
     encoder.encoder.to(args.device)
+    if args.lower_states:
+        encoder.use_lower_states(args.lower_states, state, current.passages.sha256)
     base = current.version
     del current
     version = reembed(args.knowledge, None, what=what, encoder=encoder, rank=args.rank,

@@ -27,7 +27,15 @@ class PassageTokenizer:
         self.text_encoder = text_encoder
 
     def __call__(self, titles, texts):
-        return self.text_encoder.collate(self.text_encoder.tokenize_passages(titles, texts))
+        return self.collate(self.ids(titles, texts))
+
+    def ids(self, titles, texts):
+        """Token ids per passage."""
+        return self.text_encoder.tokenize_passages(titles, texts)
+
+    def collate(self, ids):
+        """Token ids per passage -> (input_ids, attention_mask, token_type_ids), padded."""
+        return self.text_encoder.collate(ids)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import types
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 #: the parametrisation marker of a parameter whose learning rate is scaled (rag_plugin/models/rag.py)
 _MARKER = ".parametrizations."
 _ORIGINAL = ".original"
+#: ``KS/.lower_states``: caches of the frozen lower layers' states (``--doc-encoder-train-layers``)
+LOWER_STATES_DIR = ".lower_states"
 
 
 # ---------------------------------------------------------------------------------- options
@@ -52,6 +55,16 @@ def check_options(cfg, task_cfg, variant: str, knowledge=None) -> None:
                         fix="add --train-doc-encoder, or leave --rerank-top out")
     if top < 0:
         raise UserError(f"--rerank-top {top} is negative", fix="give the candidates L >= --n-docs, or 0 (no rerank)")
+    layers = int(getattr(cfg, "doc_encoder_train_layers", 0))
+    if layers and not train:
+        raise UserError(f"--doc-encoder-train-layers {layers} chooses which layers of the document encoder train, "
+                        "which only --train-doc-encoder has", fix="add --train-doc-encoder, or leave the option out")
+    if layers < 0:
+        raise UserError(f"--doc-encoder-train-layers {layers} is negative",
+                        fix="give the number of top layers to train, or 0 (the whole tower)")
+    if layers and share:
+        raise UserError("--doc-encoder-train-layers with --share-encoder-towers: the one tower's lower layers learn "
+                        "as the query encoder, so they cannot be frozen and cached", fix="leave one of the two out")
     if not train:
         return
     retriever, k = str(getattr(task_cfg, "retriever", "dense")), int(task_cfg.n_docs)
@@ -89,17 +102,63 @@ def build_doc_encoder(cfg, task, query_encoder) -> Optional[torch.nn.Module]:
     tower = copy.deepcopy(task.text_encoder.passage_tower)  # never shares weights with the query encoder
     for p in tower.parameters():
         p.requires_grad_(True)
+    trained = int(getattr(cfg, "doc_encoder_train_layers", 0))
+    total = len(tower.bert_model.encoder.layer)
+    if trained > total:
+        raise UserError(f"--doc-encoder-train-layers {trained}: the document encoder has {total} layers",
+                        fix=f"use {total} or fewer (0: the whole tower, embeddings included)")
+    if trained:  # the embeddings and the lower layers stay the knowledge source's (before the lr reparametrisation)
+        for module in [tower.bert_model.embeddings, *tower.bert_model.encoder.layer[:total - trained]]:
+            module.requires_grad_(False)
     return tower.train()
 
 
+def frozen_layers(model) -> int:
+    """How many bottom layers of the trained document tower are frozen (and cached): 0 = the whole tower trains."""
+    trained = int(getattr(model.cfg, "doc_encoder_train_layers", 0))
+    return len(model.doc_encoder.bert_model.encoder.layer) - trained if trained else 0
+
+
+def lower_states_of(model):
+    """The cached lower-layer states the model's document encoder continues from (built on first use under the
+    knowledge source's ``.lower_states/``), or None: no layer frozen, or the model is served from a checkpoint
+    (generation re-scores the few rows it retrieves with the whole tower)."""
+    layers = frozen_layers(model)
+    knowledge = model.context.knowledge
+    if not int(getattr(model.cfg, "doc_encoder_train_layers", 0)) or model.context.serving or knowledge is None:
+        return None
+    store = model.retriever.store
+    cached = getattr(model, "_lower_states", None)
+    if cached is not None and cached.passages_sha256 == store.sha256:  # a re-index's version: the same passages
+        return cached
+    from rag_plugin.retrieval.encoders import lower_states as cache
+
+    key = cache.cache_key(cache.frozen_part(plain_tower_state(model.doc_encoder), layers), layers, store.sha256)
+    tokenizer = model.context.passage_tokenizer
+    logger.info("--doc-encoder-train-layers %d: the document encoder's lower %d layers run once per passage (%s "
+                "passages, cached under %s)", int(model.cfg.doc_encoder_train_layers), layers, f"{len(store):,}",
+                Path(knowledge.root) / LOWER_STATES_DIR)
+    cached = cache.lower_states(model.doc_encoder, layers, key, store, tokenizer.ids, tokenizer.collate,
+                                Path(knowledge.root) / LOWER_STATES_DIR)
+    object.__setattr__(model, "_lower_states", cached)  # not a module, not in the state dict
+    return cached
+
+
 # ---------------------------------------------------------------------------------- scores
-def document_vectors(doc_encoder: torch.nn.Module, rows: torch.Tensor, store, tokenize, device) -> torch.Tensor:
+def document_vectors(doc_encoder: torch.nn.Module, rows: torch.Tensor, store, tokenize, device,
+                     lower=None) -> torch.Tensor:
     """The current document encoder's vectors of ``rows`` (Long[B, L]): [B, L, D], each distinct row encoded once
-    from the passage store's title and text."""
+    from the passage store's title and text, or, given ``lower`` (:class:`LowerStates`), from its cached states of
+    the frozen lower layers."""
     unique, inverse = torch.unique(rows, return_inverse=True)
     ids = unique.tolist()
-    inputs = tokenize([store.title(r) for r in ids], [store.text(r) for r in ids])
-    vectors = doc_encoder(*(t.to(device) for t in inputs))       # [U, D]
+    if lower is not None:
+        hidden, mask = lower.gather(ids)
+        dtype = next(doc_encoder.parameters()).dtype  # the cache is float32 whatever the model's
+        vectors = doc_encoder.forward_from(hidden.to(device=device, dtype=dtype), mask.to(device), lower.layers)
+    else:
+        inputs = tokenize([store.title(r) for r in ids], [store.text(r) for r in ids])
+        vectors = doc_encoder(*(t.to(device) for t in inputs))       # [U, D]
     return vectors[inverse.to(device)]                            # [B, L, D]
 
 
@@ -114,7 +173,7 @@ def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, to
     dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.set_grad_enabled(model.training and torch.is_grad_enabled()):
         d = document_vectors(model.doc_encoder, rows, model.retriever.store, model.context.passage_tokenizer,
-                             q.device)
+                             q.device, lower_states_of(model))
         scores = torch.bmm(d.to(dtype), q.to(dtype).unsqueeze(-1)).squeeze(-1) * model.doc_score_scale  # [B, L]
     if top > k:
         best = scores.topk(k, dim=1)

@@ -107,6 +107,10 @@ class RagConfig(FairseqDataclass):
     rerank_top: int = field(default=0, metadata={
         "help": "with --train-doc-encoder: take this many (L >= --n-docs) candidates from the index, re-score them "
                 "with the current encoders and keep the top --n-docs (Atlas); 0 = no re-ranking"})
+    doc_encoder_train_layers: int = field(default=0, metadata={
+        "help": "with --train-doc-encoder: train only the document encoder's top N layers; its embeddings and lower "
+                "layers stay frozen and run once per passage (cached under the knowledge source): ~layers/N x cheaper "
+                "steps on a CPU. 0 = the whole tower"})
 
 
 class _Scaled(torch.nn.Module):

@@ -177,6 +177,9 @@ class Reindexer:
                "--rank", str(self.rank), "--world", str(self.world), "--threads", str(cfg.reindex_threads),
                "--batch-size", str(cfg.reindex_batch_size), "--wait-minutes", str(cfg.reindex_wait_minutes),
                "--chunk-size", str(self.chunk_size), "--result", str(result), "--device", self._device()]
+        lower = getattr(unwrapped(model), "_lower_states", None)  # --doc-encoder-train-layers: the layers above only
+        if lower is not None:
+            cmd += ["--lower-states", str(lower.directory)]
         with open(self.log_file, "wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
                                          stdin=subprocess.DEVNULL, preexec_fn=self._child_setup(os.getpid()))

@@ -204,7 +204,7 @@ def test_generate_options():
     assert recipe.option_args(fast) == ["--beam", "4", "--n-docs", "5", "--rag-decoding", "fast"]
     assert list(stages.generate.test) == ["closed_book", "rag_token", "rag_seq_thorough", "rag_seq_fast",
                                           "rag_token_frozen", "rag_token_bm25", "rag_token_hybrid", "rag_token_pdist",
-                                          "fid", "fid_adist"]
+                                          "fid", "fid_adist", "rag_token_end2end"]
     assert set(stages.train.systems) == {run.system for run in stages.generate.test.values()}
 
 
@@ -243,7 +243,14 @@ class FakeRunner(runner.Runner):
         self.commands.append(command)
         args = [str(a) for a in command.args]
         value = dict(zip(args, [*args[1:], None], strict=True))
-        if command.program == "fairseq-generate":
+        if command.program == "fairseq-train" and "--reindex-every" in args:  # what the re-indexes log
+            Path(log_file).write_text("train_inner | epoch 001: ups=0.2, wpb=1\n"
+                                      "re-index started at update 100 wrote knowledge version 2 in 61.5s\n"
+                                      "knowledge version 2 (was 1) is read from update 131 on, by every rank\n"
+                                      "train_inner | epoch 001: ups=0.4, wpb=1\n")
+        elif command.program == "fairseq-train" and log_file is not None:
+            Path(log_file).write_text("train_inner | epoch 001: ups=0.5, wpb=1\n")
+        elif command.program == "fairseq-generate":
             lines = [f"S-{i}\tq\nH-{i}\t-0.1\ta\nD-{i}\t-0.1\t{a}\n" for i, a in enumerate(self.hotswap_answers)]
             Path(stdout_file).write_text("".join(lines))
         elif command.program == "rag-search":
@@ -287,15 +294,25 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     fakes = []
     monkeypatch.setattr(run_demo, "Runner",
                         lambda log: fakes.append(FakeRunner(log, ["Bujumbura", "HRK"])) or fakes[-1])
+    from demo_run import end2end
+
+    monkeypatch.setattr(end2end, "embedded_by", lambda knowledge, ckpt: False)
     assert run_demo.main(["--sweep", "1,3"]) == 0
     commands_run = fakes[0].commands
     programs = [c.program for c in commands_run]
     assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
                             "rag-search", "rag-pretraining-data"]
-    assert programs.count("fairseq-train") == 2 + 9 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
+    assert programs.count("fairseq-train") == 2 + 10 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
     # test, K sweep (RAG-Token and FiD), K choice, hot swap (swapped and updated source), Jeopardy
-    assert programs.count("fairseq-generate") == 10 + 2 * 2 + 2 * 3 + 2 * 3 + 1
-    update = next(c for c in commands_run if c.program == "rag-update-knowledge")
+    assert programs.count("fairseq-generate") == 11 + 2 * 2 + 2 * 3 + 2 * 3 + 1
+    # the system with a trained document encoder: its own copy of the source, trained, embedded again, tested
+    own = tmp_path / "runs" / "demo" / "ks_rag_token_end2end"
+    assert (own / "manifest.json").is_file() and not (data / "ks" / "versions").exists()
+    end2end_commands = [c for c in commands_run if str(own) in [str(a) for a in c.args]]
+    assert [c.program for c in end2end_commands] == ["fairseq-train", "rag-update-knowledge", "fairseq-generate",
+                                                     "rag-evaluate"]
+    assert "--reembed" in [str(a) for a in end2end_commands[1].args]
+    update = next(c for c in commands_run if "--replace" in [str(a) for a in c.args])
     args = [str(a) for a in update.args]
     replaced = Path(args[args.index("--replace") + 1]).read_text().splitlines()
     added = Path(args[args.index("--add") + 1]).read_text().splitlines()
@@ -317,6 +334,13 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     for name in ("fid", "fid_adist", "rag_token_pdist", "rag_token_hybrid"):
         assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5"}, name
     assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()
+    row = saved["systems"]["rag_token_end2end"]
+    assert row["reindexes"] == [{"started_at_update": 100, "version": 2, "seconds": 61.5}]
+    assert row["switched_at_updates"] == {"2": 131}  # (JSON keys)
+    assert row["train_updates_per_s"] == 0.3 and row["baseline_updates_per_s"] == 0.5
+    assert row["compared_with"] == "rag_token" and row["reindex_every"] == 100 and row["test_em"] == 40.0
+    assert "## Knowledge that learns (rag_token_end2end)" in (tmp_path / "RESULTS.md").read_text()
+    assert "update 100 -> version 2 in 62 s" in (tmp_path / "RESULTS.md").read_text()
     assert hot["update"]["replaced_passages"] == 1 and hot["update"]["added_passages"] == 1
     assert set(hot["update"]["runs"]) == {"rag_token/countryinfo updated", "rag_seq/countryinfo updated"}
     assert "Updated instead of swapped" in (tmp_path / "RESULTS.md").read_text()

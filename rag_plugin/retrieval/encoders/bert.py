@@ -237,13 +237,15 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], first_token_only: bool = False
-                ) -> torch.Tensor:
-        """``first_token_only``: the last layer computes position 0 alone (its keys and values still
-        read every position): what CLS pooling uses, at a fraction of the last layer's cost."""
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], first_token_only: bool = False,
+                start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
+        """Layers ``start`` to ``stop`` (all by default) on ``x``. ``first_token_only``: the last layer of
+        the stack computes position 0 alone (its keys and values still read every position): what CLS
+        pooling uses, at a fraction of the last layer's cost."""
         last = len(self.layer) - 1
-        for i, layer in enumerate(self.layer):
-            x = layer(x, mask, first_token_only and i == last)
+        stop = len(self.layer) if stop is None else stop
+        for i in range(start, stop):
+            x = self.layer[i](x, mask, first_token_only and i == last)
         return x
 
 
@@ -257,15 +259,24 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                token_type_ids: Optional[torch.Tensor] = None, first_token_only: bool = False) -> torch.Tensor:
+                token_type_ids: Optional[torch.Tensor] = None, first_token_only: bool = False,
+                stop: Optional[int] = None) -> torch.Tensor:
         """``input_ids``: LongTensor[B, L]; ``attention_mask``: [B, L] (1 = token, 0 = pad);
         ``token_type_ids``: LongTensor[B, L] or None (zeros) -> hidden states FloatTensor[B, L, H]
-        ([B, 1, H], position 0's, with ``first_token_only``; see :meth:`BertEncoder.forward`).
+        ([B, 1, H], position 0's, with ``first_token_only``; see :meth:`BertEncoder.forward`);
+        ``stop``: the states after the embeddings and the first ``stop`` layers only.
         """
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        return self.encoder(self.embeddings(input_ids, token_type_ids), mask, first_token_only)
+        return self.encoder(self.embeddings(input_ids, token_type_ids), mask, first_token_only, stop=stop)
+
+    def continue_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int,
+                      first_token_only: bool = False) -> torch.Tensor:
+        """The remaining layers on ``hidden`` [B, L, H], the states after the first ``start`` layers
+        (``forward(..., stop=start)``): the same result as ``forward`` from the start."""
+        mask = attention_mask.bool()[:, None, None, :]
+        return self.encoder(hidden, mask, first_token_only, start=start)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
@@ -323,6 +334,21 @@ class BiEncoderTower(nn.Module):
         """LongTensor[B, L] x3 -> FloatTensor[B, D]."""
         # CLS pooling reads position 0 alone: the last layer computes nothing else
         hidden = self.bert_model(input_ids, attention_mask, token_type_ids, first_token_only=self.pooling == "cls")
+        return self._head(hidden, attention_mask)
+
+    def lower_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     token_type_ids: Optional[torch.Tensor] = None, layers: int = 0) -> torch.Tensor:
+        """The hidden states after the embeddings and the first ``layers`` layers: FloatTensor[B, L, H]."""
+        return self.bert_model(input_ids, attention_mask, token_type_ids, stop=layers)
+
+    def forward_from(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """The tower's vectors [B, D] from :meth:`lower_states` ``(..., layers=start)``: the layers above, the
+        pooling, projection and norm (what :meth:`forward` computes, from a cache of the lower layers)."""
+        hidden = self.bert_model.continue_from(hidden, attention_mask, start,
+                                               first_token_only=self.pooling == "cls")
+        return self._head(hidden, attention_mask)
+
+    def _head(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.pool(hidden, attention_mask)
         if self.encode_proj is not None:
             out = self.encode_proj(out)

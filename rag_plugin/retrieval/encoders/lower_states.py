@@ -1,0 +1,143 @@
+"""A passage tower's lower layers, computed once: the hidden states of every passage after its frozen bottom.
+
+Training the document encoder (``--train-doc-encoder``) costs a forward and a backward of the whole tower for every
+retrieved passage of every step: on a CPU most of a step. With its embeddings and its first M layers frozen
+(``--doc-encoder-train-layers N``, M = layers - N), their output for a passage never changes, so it is computed once
+for the whole collection and stored; a step then runs only the N trainable layers (forward and backward) on the
+stored states of its passages, and gives the same vectors as the full tower would (same weights, the frozen part in
+eval mode, no dropout).
+
+On disk, ``DIR/`` (written under ``DIR.partial`` and renamed: a half-built cache is never read)::
+
+    meta.json      {"layers": M, "count": N, "hidden_size": H, "key": ..., "tokens": T}
+    offsets.npy    int64[N + 1]: passage r's states are rows offsets[r]:offsets[r + 1] of states.npy
+    states.npy     float32[T, H] (memory-mapped when read)
+
+``DIR`` is named by :func:`cache_key`: the frozen weights' hash, M, and the passage store's content hash, so a
+cache of other weights or other passages is never read. Builders of the same cache (several ranks) take turns on
+``DIR.lock`` (flock): the first builds it, the others find it complete.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from rag_plugin.retrieval.encoders.weights import state_dict_sha256
+from rag_plugin.util.errors import UserError
+
+META = "meta.json"
+#: passages per forward while building
+BATCH = 64
+
+
+def frozen_part(state: dict, layers: int) -> dict:
+    """Of a tower's plain state dict, the weights :meth:`BiEncoderTower.lower_states` ``(layers=M)`` reads: the
+    embeddings and layers 0..M-1."""
+    wanted = ("bert_model.embeddings.",) + tuple(f"bert_model.encoder.layer.{i}." for i in range(layers))
+    return {k: v for k, v in state.items() if k.startswith(wanted)}
+
+
+def cache_key(frozen_state: dict, layers: int, store_sha256: str) -> str:
+    """The name of the cache of these frozen weights over this passage store."""
+    text = json.dumps({"frozen": state_dict_sha256(frozen_state), "layers": int(layers), "passages": store_sha256})
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class LowerStates:
+    """A complete cache, memory-mapped; :meth:`gather` hands the states of some rows to the trainable layers."""
+
+    def __init__(self, directory: os.PathLike):
+        self.directory = Path(directory)
+        self.meta = json.loads((self.directory / META).read_text())
+        self.layers = int(self.meta["layers"])
+        self.passages_sha256 = self.meta["passages_sha256"]
+        self.offsets = np.load(self.directory / "offsets.npy")
+        self.states = np.load(self.directory / "states.npy", mmap_mode="r")
+
+    def __len__(self) -> int:
+        return int(self.meta["count"])
+
+    def gather(self, rows: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(hidden FloatTensor[U, T, H], attention_mask LongTensor[U, T]) of passages ``rows``, padded to the
+        longest with zeros (masked)."""
+        rows = [int(r) for r in rows]
+        bad = [r for r in rows if not 0 <= r < len(self)]
+        if bad:
+            raise UserError(f"passage row {bad[0]} is not in the cached lower-layer states ({len(self)} passages)",
+                            path=str(self.directory), fix="delete the folder: it is built again")
+        lengths = [int(self.offsets[r + 1] - self.offsets[r]) for r in rows]
+        hidden = np.zeros((len(rows), max(lengths, default=0), self.states.shape[1]), dtype=np.float32)
+        mask = np.zeros(hidden.shape[:2], dtype=np.int64)
+        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+            hidden[i, :n] = self.states[self.offsets[r]:self.offsets[r] + n]
+            mask[i, :n] = 1
+        return torch.from_numpy(hidden), torch.from_numpy(mask)
+
+
+def lower_states(tower, layers: int, key: str, store, tokenize: Callable[[list, list], List[List[int]]],
+                 collate: Callable, root: os.PathLike, progress: bool = True) -> LowerStates:
+    """The cache ``root/KEY`` of ``tower``'s first ``layers`` layers over every passage of ``store``, built (with a
+    progress bar) unless complete. ``tokenize(titles, texts)`` -> token ids per passage as the tower reads them;
+    ``collate(ids)`` -> its input tensors. ``key``: :func:`cache_key` of ``tower``'s frozen part."""
+    directory = Path(root) / key[:24]
+    if (directory / META).is_file():
+        return LowerStates(directory)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(directory.with_suffix(".lock"), "a+")
+    except OSError as e:
+        raise UserError(f"cannot write the lower-layer cache ({e.strerror})", path=str(directory.parent),
+                        fix="make the knowledge source's folder writable, or use --doc-encoder-train-layers 0") from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it: wait for it
+        if not (directory / META).is_file():
+            _build(tower, layers, key, store, tokenize, collate, directory, progress)
+    return LowerStates(directory)
+
+
+def _build(tower, layers, key, store, tokenize, collate, directory: Path, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    partial = directory.with_suffix(".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    count = len(store)
+    titles, texts = zip(*store.iter_titles_texts()) if count else ((), ())
+    ids = tokenize(list(titles), list(texts))
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(x) for x in ids])
+    param = next(tower.parameters())
+    hidden_size = int(tower.bert_model.config.hidden_size)
+    states = np.lib.format.open_memmap(partial / "states.npy", mode="w+", dtype=np.float32,
+                                       shape=(int(offsets[-1]), hidden_size))
+    order = sorted(range(count), key=lambda r: -len(ids[r]))  # little padding per batch
+    was_training = tower.training
+    tower.eval()
+    try:
+        with torch.inference_mode(), tqdm(total=count, unit="passage", disable=not progress,
+                                          desc=f"lower {layers} layers of the document encoder") as bar:
+            for start in range(0, count, BATCH):
+                rows = order[start:start + BATCH]
+                batch = collate([ids[r] for r in rows])
+                out = tower.lower_states(*(t.to(param.device) for t in batch), layers=layers).float().cpu().numpy()
+                for i, r in enumerate(rows):
+                    states[offsets[r]:offsets[r + 1]] = out[i, :len(ids[r])]
+                bar.update(len(rows))
+    finally:
+        tower.train(was_training)
+    states.flush()
+    del states
+    np.save(partial / "offsets.npy", offsets)
+    meta = {"layers": int(layers), "count": count, "hidden_size": hidden_size, "tokens": int(offsets[-1]),
+            "key": key, "passages_sha256": store.sha256}
+    (partial / META).write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(directory, ignore_errors=True)  # an incomplete one (no meta.json) from elsewhere
+    os.replace(partial, directory)
