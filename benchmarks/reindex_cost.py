@@ -12,7 +12,12 @@ recipe (examples/demo/config/rag_token_tiny.yaml: batch 32, K=3, the tiny genera
 * ``query``: today's default, the query encoder trained, the stored document vectors fixed;
 * ``doc``: ``--train-doc-encoder`` (each retrieved passage encoded again, with gradient, in every step);
 * ``doc_reindex``: the same with ``--reindex-every``, so background re-indexes run beside training
-  (``--reindex-wait-at-exit``: the last one lands before the run ends).
+  (``--reindex-wait-at-exit``: the last one lands before the run ends);
+* ``top1`` and ``top1_reindex``: the same two with ``--doc-encoder-train-layers 1`` (MiniLM's top layer trained, the
+  lower five frozen and computed once per passage: the cache's build is in the first update, left out of the mean;
+  the re-indexes run only the top layer).
+
+``--runs`` picks some of them (default: all).
 
 Reported: seconds per update of each run (mean over the updates after the first two, from fairseq's per-update
 log lines), each re-index's duration and the update its version was read from (from the trainer's log), and the
@@ -37,7 +42,10 @@ from demo_run import recipe  # noqa: E402  (examples/demo/demo_run: the demo's r
 
 DATA = ROOT / "data" / "demo"
 RUNS = {"query": {}, "doc": {"model.train_doc_encoder": True},
-        "doc_reindex": {"model.train_doc_encoder": True, "task.reindex_wait_at_exit": True}}
+        "doc_reindex": {"model.train_doc_encoder": True, "task.reindex_wait_at_exit": True},
+        "top1": {"model.train_doc_encoder": True, "model.doc_encoder_train_layers": 1},
+        "top1_reindex": {"model.train_doc_encoder": True, "model.doc_encoder_train_layers": 1,
+                         "task.reindex_wait_at_exit": True}}
 TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 WROTE = re.compile(r"wrote knowledge version (\d+) in ([\d.]+)s")
 READ_FROM = re.compile(r"knowledge version (\d+) \(was \d+\) is read from update (\d+)")
@@ -70,7 +78,7 @@ def seconds_per_update(log: str) -> float:
 def train(name: str, extra: dict, args, ks: Path, work: Path) -> dict:
     run = recipe.run_settings(DATA / "nq_demo", ks, work / f"ckpt_{name}", args.updates)
     run.update({"common.log_interval": 1, "dataset.validate_interval_updates": 0})
-    if name == "doc_reindex":
+    if name.endswith("_reindex"):
         run["task.reindex_every"] = args.reindex_every
     config = recipe.train_config({"config": "rag_token_tiny", "set": extra}, run)
     argv = [str(Path(sys.executable).parent / "fairseq-train"), *recipe.train_args(config), "--disable-validation",
@@ -96,7 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reindex-every", type=int, default=4, help="--reindex-every of the doc_reindex run")
     ap.add_argument("--work", default="runs/reindex_cost", help="where the source, logs and checkpoints go")
     ap.add_argument("--json-out", default="benchmarks/results/reindex_cost.json")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs, comma-separated (of {', '.join(RUNS)})")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.runs.split(",")) - set(RUNS))
+    if unknown:
+        ap.error(f"--runs: unknown {', '.join(unknown)} (known: {', '.join(RUNS)})")
     work = (ROOT / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     ks = build_source(args, work)
@@ -105,7 +117,8 @@ def main(argv=None) -> int:
                "torch_threads": os.environ.get("OMP_NUM_THREADS", "default"), "passages": manifest.get("count"),
                "embedding_seconds": manifest.get("embedding_seconds"), "updates": args.updates,
                "reindex_every": args.reindex_every, "runs": {}}
-    for name, extra in RUNS.items():
+    for name in args.runs.split(","):
+        extra = RUNS[name]
         results["runs"][name] = train(name, extra, args, ks, work)
         print(name, json.dumps(results["runs"][name]), flush=True)
     out = ROOT / args.json_out
