@@ -327,6 +327,7 @@ def main(argv=None) -> int:
     encoder.encoder.to(args.device)
     if args.lower_states:
         encoder.use_lower_states(args.lower_states, state, current.passages.sha256)
+        print(f"the tower's lower {encoder.lower.layers} layers: from the cache {args.lower_states}", flush=True)
     base = current.version
     del current
     version = reembed(args.knowledge, None, what=what, encoder=encoder, rank=args.rank,

@@ -178,22 +178,27 @@ def test_wait_at_exit_lets_the_running_reindex_land(tmp_path, monkeypatch):
     assert landed.manifest["document_tower_sha256"] == state_dict_sha256(model.doc_encoder_state())
 
 
-def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, tmp_path):
-    """After the doc_encoder branch is merged: a real fairseq-train with --train-doc-encoder --reindex-every 2 writes
-    version 2 from the tower of its checkpoint at update 2 (waited for at exit)."""
-    doc_encoder = pytest.importorskip("rag_plugin.models.doc_encoder")  # --train-doc-encoder (doc_encoder branch)
+@pytest.mark.parametrize("train_layers", [0, 1])
+def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, tmp_path, train_layers):
+    """A real fairseq-train with --train-doc-encoder --reindex-every 2 writes version 2 from the tower of its
+    checkpoint at update 2 (waited for at exit); with --doc-encoder-train-layers 1 (a 2-layer encoder) the re-index
+    runs the top layer on the cached states of the lower one, with the same vectors."""
     import shutil
 
+    from rag_plugin.models import doc_encoder
     from tests.fairseq_parts.test_training import _args, _run
+    from tests.tiny_world import layered_knowledge
 
     ks = tmp_path / "ks"
-    shutil.copytree(tiny_world["ks"], ks)
+    shutil.copytree(layered_knowledge(tiny_world, 2) if train_layers else tiny_world["ks"], ks)
     extra = ["--train-doc-encoder", "--reindex-every", "2", "--reindex-wait-at-exit", "--max-update", "3",
-             "--save-interval-updates", "2", "--no-epoch-checkpoints"]
+             "--save-interval-updates", "2", "--no-epoch-checkpoints", "--doc-encoder-train-layers", str(train_layers)]
     code, out, err = _run(_args(tiny_world, tmp_path / "ck", knowledge=ks, extra=extra), cwd=str(tmp_path),
                           threads=1, timeout=600)
     assert code == 0, err[-3000:]
     assert "re-index of knowledge version 1 started at update 2" in out + err
+    reindex_logs = "".join(f.read_text() for f in (ks / ".reindex" / "logs").glob("*.log"))
+    assert ("the tower's lower 1 layers: from the cache" in reindex_logs) == bool(train_layers), reindex_logs
     landed = KnowledgeSource(str(ks))
     assert landed.version == 2 and landed.manifest["reembedded_from"] == "training snapshot at update 2"
     [checkpoint] = (tmp_path / "ck").glob("checkpoint_*_2.pt")
