@@ -6,7 +6,8 @@ driving the real :class:`rag_plugin.training.reindex.Reindexer` and its real re-
 
 MODE ``run``: steps until version 3 is read (two re-indexes landed) and records the version read at every step;
 rank 1 sees a new version only 5 steps after it lands (the ranks must still switch at the same step).
-MODE ``kill``: one process; kills itself (SIGKILL) as soon as its re-index process has written a chunk.
+MODE ``kill``: one process; kills itself (SIGKILL) as soon as its re-index process has written a chunk (the re-index
+embedding one passage at a time, so that it is still running then).
 """
 import json
 import os
@@ -36,9 +37,9 @@ def tower_state_at(ks: KnowledgeSource, update: int) -> dict:
 
 
 class FakeTask:
-    def __init__(self, ks_dir: str, every: int):
-        self.cfg = SimpleNamespace(knowledge=ks_dir, reindex_every=every, reindex_threads=1, reindex_batch_size=16,
-                                   reindex_wait_minutes=2.0, n_docs=3, retriever="dense")
+    def __init__(self, ks_dir: str, every: int, batch_size: int = 16):
+        self.cfg = SimpleNamespace(knowledge=ks_dir, reindex_every=every, reindex_threads=1,
+                                   reindex_batch_size=batch_size, reindex_wait_minutes=2.0, n_docs=3, retriever="dense")
         self.knowledge = KnowledgeSource(ks_dir)
 
     def reopen_knowledge(self, version=None):
@@ -86,7 +87,9 @@ def main():
     rank = torch.distributed.get_rank() if world > 1 else 0
     torch.set_num_threads(1)
     Reindexer.chunk_size = CHUNK
-    task = FakeTask(ks_dir, every)
+    # kill: the re-index embeds one passage at a time, so that after its first chunk it runs for many of this
+    # loop's polls (on an idle machine it could otherwise finish between two polls, and the kill never come)
+    task = FakeTask(ks_dir, every, batch_size=1 if mode == "kill" else 16)
     if rank == 1:
         from rag_plugin.training import reindex
 
@@ -106,7 +109,7 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         if task.knowledge.version >= 3:
             break
-        time.sleep(0.02)
+        time.sleep(0.001 if mode == "kill" else 0.02)  # kill: watch the chunks closely
     r.close()
     Path(out).write_text(json.dumps({"rank": rank, "read": read, "started": started}))
     if world > 1:
