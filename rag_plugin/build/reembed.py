@@ -81,6 +81,24 @@ class TowerEncoder:
                 out[s - start:s - start + len(vectors)] = vectors.float().cpu().numpy()
         return out
 
+    def find_lower_states(self, root: Path, tower_state: Dict, passages_sha256: str, log) -> None:
+        """Continue from a cache under ``KS/.lower_states`` whose frozen layers and passages are exactly this
+        tower's and this version's (``--doc-encoder-train-layers`` left one), if there is one."""
+        from rag_plugin.retrieval.encoders import lower_states as cache
+
+        for meta in sorted((Path(root) / cache.DIR_NAME).glob("*/" + cache.META)):
+            try:
+                info = json.loads(meta.read_text())
+                layers = int(info["layers"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if info.get("passages_sha256") != passages_sha256 or info.get("key") != cache.cache_key(
+                    cache.frozen_part(tower_state, layers), layers, passages_sha256):
+                continue
+            self.lower = cache.LowerStates(meta.parent)
+            log(f"the tower's lower {layers} layers: from the cache {meta.parent}")
+            return
+
     def use_lower_states(self, directory: str, tower_state: Dict, passages_sha256: str) -> None:
         """Continue from the cache in ``directory`` (``--lower-states``): a one-line error unless it holds this
         tower's frozen layers over these passages."""
@@ -139,6 +157,7 @@ def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank:
     if encoder is None:
         encoder = tower_encoder(current, tower_state, what)
         encoder.encoder.to(device)
+        encoder.find_lower_states(root, tower_state, current.passages.sha256, log)
     elif tower_state is not None and encoder.tower_sha != state_dict_sha256(tower_state):
         raise ValueError("the encoder given does not hold tower_state")
     chunks = chunk_dir(root, current.version, encoder.tower_sha)

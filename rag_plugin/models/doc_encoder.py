@@ -30,6 +30,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from rag_plugin.retrieval.encoders.lower_states import DIR_NAME as LOWER_STATES_DIR  # KS/.lower_states: the caches
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
 from rag_plugin.util.errors import UserError
 
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 #: the parametrisation marker of a parameter whose learning rate is scaled (rag_plugin/models/rag.py)
 _MARKER = ".parametrizations."
 _ORIGINAL = ".original"
-#: ``KS/.lower_states``: caches of the frozen lower layers' states (``--doc-encoder-train-layers``)
-LOWER_STATES_DIR = ".lower_states"
 
 
 # ---------------------------------------------------------------------------------- options

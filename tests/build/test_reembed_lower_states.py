@@ -69,3 +69,27 @@ def test_a_cache_of_other_frozen_weights_is_a_one_line_error(tmp_path):
     assert KnowledgeSource(str(tmp_path / "ks")).version == 1
     assert_one_line_error(_module("--knowledge", tmp_path / "ks", "--tower", tmp_path / "tower.pt",
                                   "--lower-states", tmp_path), "not a complete lower-layer cache")
+
+
+def test_rag_update_knowledge_reembed_finds_the_cache_itself(tmp_path):
+    """rag-update-knowledge --reembed (no option): a cache of exactly the tower's frozen layers over these passages
+    is used, with the whole tower's vectors; another tower's frozen layers are embedded by every layer."""
+    ks, encoder, lower = _world(tmp_path)
+    state = _moved(encoder.passage_tower.state_dict(), "bert_model.encoder.layer.1.")
+    torch.save({"document_tower": state}, tmp_path / "tower.pt")
+    cli = [sys.executable, "-m", "rag_plugin.cli.update_knowledge", "--knowledge", str(tmp_path / "ks"), "--reembed",
+           str(tmp_path / "tower.pt"), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cli, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"the tower's lower 1 layers: from the cache {lower.directory}" in proc.stderr
+    encoder.passage_tower.load_state_dict(state)
+    store = ks.passages
+    whole = encoder.encode_passages([store.title(r) for r in range(N)], [store.text(r) for r in range(N)],
+                                    progress=False)
+    np.testing.assert_allclose(np.asarray(KnowledgeSource(str(tmp_path / "ks")).vectors), whole, rtol=1e-5, atol=1e-6)
+    other = _moved(encoder.passage_tower.state_dict(), "bert_model.encoder.layer.0.", seed=2)  # a frozen layer moved
+    torch.save({"document_tower": other}, tmp_path / "tower.pt")
+    proc = subprocess.run(cli, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "from the cache" not in proc.stderr, proc.stderr
+    assert KnowledgeSource(str(tmp_path / "ks")).version == 3

@@ -34,6 +34,8 @@ from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 from rag_plugin.util.errors import UserError
 
 META = "meta.json"
+#: where the caches of a knowledge source go: ``KS/.lower_states/``
+DIR_NAME = ".lower_states"
 #: passages per forward while building
 BATCH = 64
 
