@@ -92,8 +92,7 @@ class TowerEncoder:
                 layers = int(info["layers"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if info.get("passages_sha256") != passages_sha256 or info.get("key") != cache.cache_key(
-                    cache.frozen_part(tower_state, layers), layers, passages_sha256):
+            if info.get("key") != cache.tower_key(tower_state, layers, passages_sha256):
                 continue
             self.lower = cache.LowerStates(meta.parent)
             log(f"the tower's lower {layers} layers: from the cache {meta.parent}")
@@ -109,8 +108,7 @@ class TowerEncoder:
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"not a complete lower-layer cache ({e})", path=str(directory),
                             fix="leave --lower-states out (every layer runs)") from e
-        key = cache.cache_key(cache.frozen_part(tower_state, lower.layers), lower.layers, passages_sha256)
-        if lower.meta.get("key") != key:
+        if lower.meta.get("key") != cache.tower_key(tower_state, lower.layers, passages_sha256):
             raise UserError(f"the lower-layer cache is not of this tower's frozen {lower.layers} layers over these "
                             "passages", path=str(directory), fix="leave --lower-states out (every layer runs)")
         self.lower = lower

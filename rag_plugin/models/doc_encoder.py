@@ -122,8 +122,7 @@ def lower_states_of(model):
     """The cached lower-layer states the model's document encoder continues from (built on first use under the
     knowledge source's ``.lower_states/``), or None: no layer frozen, or the model is served from a checkpoint
     (generation re-scores the few rows it retrieves with the whole tower)."""
-    layers = frozen_layers(model)
-    knowledge = model.context.knowledge
+    layers, knowledge = frozen_layers(model), model.context.knowledge
     if not int(getattr(model.cfg, "doc_encoder_train_layers", 0)) or model.context.serving or knowledge is None:
         return None
     store = model.retriever.store
@@ -132,7 +131,7 @@ def lower_states_of(model):
         return cached
     from rag_plugin.retrieval.encoders import lower_states as cache
 
-    key = cache.cache_key(cache.frozen_part(plain_tower_state(model.doc_encoder), layers), layers, store.sha256)
+    key = cache.tower_key(plain_tower_state(model.doc_encoder), layers, store.sha256)
     tokenizer = model.context.passage_tokenizer
     logger.info("--doc-encoder-train-layers %d: the document encoder's lower %d layers run once per passage (%s "
                 "passages, cached under %s)", int(model.cfg.doc_encoder_train_layers), layers, f"{len(store):,}",

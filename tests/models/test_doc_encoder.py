@@ -109,24 +109,10 @@ def _marginal_nll(model, sample):
     return M.rag_token_nll(M.target_token_log_probs(lprobs, target), doc_lp, target.ne(1)).sum()
 
 
-@pytest.mark.parametrize("share", [False, True])
-def test_doc_encoder_gradient_matches_finite_differences(tiny_world, share):
-    """d marginal NLL / d (document tower weights), float64, against central differences (the rows fixed by the
-    untouched query encoder)."""
-    task = _task(tiny_world)
-    model = _no_dropout(_model(task, share_encoder_towers=share)).double().train()
-    sample = _batch(task, n=3)
-    assert task.dictionary.pad() == 1
-    tower = model.doc_encoder
-    assert (tower is model.query_encoder) == share
+def assert_finite_differences(model, sample, tower, picks, eps=1e-6):
+    """Each picked (parameter of ``tower``, index): its gradient from the last backward equals the central
+    difference of the float64 marginal NLL, and is not zero."""
     params = dict(tower.named_parameters())
-    picks = [("bert_model.encoder.layer.0.output.dense.weight", (0, 1)),
-             ("bert_model.encoder.layer.0.attention.self.value.bias", (2,)),
-             ("bert_model.embeddings.LayerNorm.weight", (5,))]
-    loss = _marginal_nll(model, sample)
-    model.zero_grad()
-    loss.backward()
-    eps = 1e-6
     for name, index in picks:
         p = params[name]
         analytic = float(p.grad[index])
@@ -140,6 +126,24 @@ def test_doc_encoder_gradient_matches_finite_differences(tiny_world, share):
         numeric = (up - down) / (2 * eps)
         assert abs(numeric) > 1e-6, name  # the parameter matters
         assert analytic == pytest.approx(numeric, rel=1e-4, abs=1e-7), name
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_doc_encoder_gradient_matches_finite_differences(tiny_world, share):
+    """d marginal NLL / d (document tower weights), float64, against central differences (the rows fixed by the
+    untouched query encoder)."""
+    task = _task(tiny_world)
+    model = _no_dropout(_model(task, share_encoder_towers=share)).double().train()
+    sample = _batch(task, n=3)
+    assert task.dictionary.pad() == 1
+    tower = model.doc_encoder
+    assert (tower is model.query_encoder) == share
+    loss = _marginal_nll(model, sample)
+    model.zero_grad()
+    loss.backward()
+    assert_finite_differences(model, sample, tower, [("bert_model.encoder.layer.0.output.dense.weight", (0, 1)),
+                                                     ("bert_model.encoder.layer.0.attention.self.value.bias", (2,)),
+                                                     ("bert_model.embeddings.LayerNorm.weight", (5,))])
     if not share:  # both towers learn
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.query_encoder.parameters())
 

@@ -16,7 +16,16 @@ from rag_plugin.models import doc_encoder as doc_side  # noqa: E402
 from rag_plugin.models.rag import RagConfig  # noqa: E402
 from rag_plugin.retrieval.knowledge import KnowledgeSource  # noqa: E402
 from tests.fairseq_parts.test_training import _args, _env, _load  # noqa: E402
-from tests.models.test_doc_encoder import _batch, _fairseq_cfg, _marginal_nll, _model, _no_dropout, _perturb, _task  # noqa: E402,E501
+from tests.models.test_doc_encoder import (  # noqa: E402
+    _batch,
+    _fairseq_cfg,
+    _marginal_nll,
+    _model,
+    _no_dropout,
+    _perturb,
+    _task,
+    assert_finite_differences,
+)
 from tests.tiny_world import layered_knowledge  # noqa: E402
 
 
@@ -65,22 +74,8 @@ def test_only_the_top_layers_learn_with_finite_difference_gradients(world):
     loss.backward()
     assert doc_side.lower_states_of(model) is not None  # the step ran from the cache
     assert all(p.grad is None for n, p in tower.named_parameters() if n in frozen)
-    params = dict(tower.named_parameters())
-    eps = 1e-6
-    for name, index in [("bert_model.encoder.layer.1.output.dense.weight", (0, 1)),
-                        ("bert_model.encoder.layer.1.attention.self.value.bias", (2,))]:
-        p = params[name]
-        analytic = float(p.grad[index])
-        with torch.no_grad():
-            old = float(p[index])
-            p[index] = old + eps
-            up = float(_marginal_nll(model, sample))
-            p[index] = old - eps
-            down = float(_marginal_nll(model, sample))
-            p[index] = old
-        numeric = (up - down) / (2 * eps)
-        assert abs(numeric) > 1e-6, name
-        assert analytic == pytest.approx(numeric, rel=1e-4, abs=1e-7), name
+    assert_finite_differences(model, sample, tower, [("bert_model.encoder.layer.1.output.dense.weight", (0, 1)),
+                                                     ("bert_model.encoder.layer.1.attention.self.value.bias", (2,))])
 
 
 def test_a_served_model_uses_the_whole_tower(world):

@@ -53,6 +53,11 @@ def cache_key(frozen_state: dict, layers: int, store_sha256: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def tower_key(state: dict, layers: int, store_sha256: str) -> str:
+    """:func:`cache_key` of a tower's plain state dict with its first ``layers`` layers frozen."""
+    return cache_key(frozen_part(state, layers), layers, store_sha256)
+
+
 class LowerStates:
     """A complete cache, memory-mapped; :meth:`gather` hands the states of some rows to the trainable layers."""
 
