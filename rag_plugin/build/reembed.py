@@ -86,17 +86,10 @@ class TowerEncoder:
         tower's and this version's (``--doc-encoder-train-layers`` left one), if there is one."""
         from rag_plugin.retrieval.encoders import lower_states as cache
 
-        for meta in sorted((Path(root) / cache.DIR_NAME).glob("*/" + cache.META)):
-            try:
-                info = json.loads(meta.read_text())
-                layers = int(info["layers"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if info.get("key") != cache.tower_key(tower_state, layers, passages_sha256):
-                continue
-            self.lower = cache.LowerStates(meta.parent)
-            log(f"the tower's lower {layers} layers: from the cache {meta.parent}")
-            return
+        found = cache.find(Path(root) / cache.DIR_NAME, tower_state, passages_sha256)
+        if found is not None:
+            self.lower = found
+            log(f"the tower's lower {found.layers} layers: from the cache {found.directory}")
 
     def use_lower_states(self, directory: str, tower_state: Dict, passages_sha256: str) -> None:
         """Continue from the cache in ``directory`` (``--lower-states``): a one-line error unless it holds this

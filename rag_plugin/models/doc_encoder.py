@@ -30,7 +30,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from rag_plugin.retrieval.encoders.lower_states import DIR_NAME as LOWER_STATES_DIR  # KS/.lower_states: the caches
+from rag_plugin.retrieval.encoders import lower_states as lower_cache
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
 from rag_plugin.util.errors import UserError
 
@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 #: the parametrisation marker of a parameter whose learning rate is scaled (rag_plugin/models/rag.py)
 _MARKER = ".parametrizations."
 _ORIGINAL = ".original"
+#: ``KS/.lower_states``: the caches of frozen lower layers (``--doc-encoder-train-layers``)
+LOWER_STATES_DIR = lower_cache.DIR_NAME
 
 
 # ---------------------------------------------------------------------------------- options
@@ -129,15 +131,11 @@ def lower_states_of(model):
     cached = getattr(model, "_lower_states", None)
     if cached is not None and cached.passages_sha256 == store.sha256:  # a re-index's version: the same passages
         return cached
-    from rag_plugin.retrieval.encoders import lower_states as cache
-
-    key = cache.tower_key(plain_tower_state(model.doc_encoder), layers, store.sha256)
-    tokenizer = model.context.passage_tokenizer
+    key = lower_cache.tower_key(plain_tower_state(model.doc_encoder), layers, store.sha256)
+    tokenizer, root = model.context.passage_tokenizer, Path(knowledge.root) / LOWER_STATES_DIR
     logger.info("--doc-encoder-train-layers %d: the document encoder's lower %d layers run once per passage (%s "
-                "passages, cached under %s)", int(model.cfg.doc_encoder_train_layers), layers, f"{len(store):,}",
-                Path(knowledge.root) / LOWER_STATES_DIR)
-    cached = cache.lower_states(model.doc_encoder, layers, key, store, tokenizer.ids, tokenizer.collate,
-                                Path(knowledge.root) / LOWER_STATES_DIR)
+                "passages, cached under %s)", int(model.cfg.doc_encoder_train_layers), layers, f"{len(store):,}", root)
+    cached = lower_cache.lower_states(model.doc_encoder, layers, key, store, tokenizer.ids, tokenizer.collate, root)
     object.__setattr__(model, "_lower_states", cached)  # not a module, not in the state dict
     return cached
 

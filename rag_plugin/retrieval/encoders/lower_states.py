@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -56,6 +56,32 @@ def cache_key(frozen_state: dict, layers: int, store_sha256: str) -> str:
 def tower_key(state: dict, layers: int, store_sha256: str) -> str:
     """:func:`cache_key` of a tower's plain state dict with its first ``layers`` layers frozen."""
     return cache_key(frozen_part(state, layers), layers, store_sha256)
+
+
+def cache_dir(root: os.PathLike, key: str) -> Path:
+    """Where the cache named ``key`` lives under ``root`` (complete once it holds ``meta.json``; while it is
+    built: ``<that>.partial``)."""
+    return Path(root) / key[:24]
+
+
+def find(root: os.PathLike, state: dict, store_sha256: str) -> Optional[LowerStates]:
+    """A complete cache under ``root`` of exactly ``state``'s frozen layers (however many a cache there froze)
+    over the passages of hash ``store_sha256``, or None. A cache that cannot be read is passed over."""
+    for meta in sorted(Path(root).glob("*/" + META)):
+        try:
+            layers = int(json.loads(meta.read_text())["layers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        key = tower_key(state, layers, store_sha256)
+        if meta.parent != cache_dir(root, key):  # another tower's or other passages' (or a build not yet renamed)
+            continue
+        try:
+            found = LowerStates(meta.parent)
+        except (OSError, ValueError, KeyError):
+            continue
+        if found.meta.get("key") == key:
+            return found
+    return None
 
 
 class LowerStates:
@@ -94,7 +120,7 @@ def lower_states(tower, layers: int, key: str, store, tokenize: Callable[[list, 
     """The cache ``root/KEY`` of ``tower``'s first ``layers`` layers over every passage of ``store``, built (with a
     progress bar) unless complete. ``tokenize(titles, texts)`` -> token ids per passage as the tower reads them;
     ``collate(ids)`` -> its input tensors. ``key``: :func:`cache_key` of ``tower``'s frozen part."""
-    directory = Path(root) / key[:24]
+    directory = cache_dir(root, key)
     if (directory / META).is_file():
         return LowerStates(directory)
     try:

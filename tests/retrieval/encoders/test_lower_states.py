@@ -115,6 +115,27 @@ def test_an_interrupted_build_is_never_read(encoder, tmp_path, monkeypatch):
     assert len(states) == 10 and not (tmp_path / f"{key[:24]}.partial").exists()
 
 
+def test_find_returns_only_a_complete_cache_of_the_towers_frozen_layers(encoder, tmp_path):
+    """cache.find (what reembed continues from by itself): the cache of exactly this tower's frozen layers over these
+    passages, whatever its layer count; never another tower's or passages', a build not yet renamed, or a cache
+    that cannot be read."""
+    store = Store(10)
+    state = encoder.passage_tower.state_dict()
+    assert cache.find(tmp_path, state, store.sha256) is None  # nothing built
+    built, key = _build(encoder, store, 2, tmp_path)
+    found = cache.find(tmp_path, state, store.sha256)
+    assert found is not None and found.directory == built.directory and found.layers == 2
+    assert cache.find(tmp_path, state, "other passages") is None
+    moved = {k: v.clone() for k, v in state.items()}
+    moved["bert_model.encoder.layer.1.output.dense.bias"] += 1e-3  # a frozen layer moved
+    assert cache.find(tmp_path, moved, store.sha256) is None
+    os.replace(built.directory, built.directory.with_suffix(".partial"))  # as if killed just before the rename
+    assert cache.find(tmp_path, state, store.sha256) is None
+    os.replace(built.directory.with_suffix(".partial"), built.directory)
+    (built.directory / "states.npy").unlink()  # unreadable: passed over, not a traceback
+    assert cache.find(tmp_path, state, store.sha256) is None
+
+
 def test_rows_outside_the_cache_are_a_one_line_error(encoder, tmp_path):
     states, _ = _build(encoder, Store(4), 1, tmp_path)
     with pytest.raises(UserError, match="passage row 4 is not in the cached") as err:
