@@ -32,8 +32,8 @@ WORKER = Path(__file__).with_name("reindex_worker.py")
 N = 150
 
 
-def _build(tmp: Path) -> Path:
-    src = write_jsonl(tmp / "p.jsonl", synthetic_passages(N, seed=6))
+def _build(tmp: Path, n: int = N) -> Path:
+    src = write_jsonl(tmp / "p.jsonl", synthetic_passages(n, seed=6))
     build_knowledge_source(str(tmp / "ks"), BuildSettings(passages=str(src), encoder=SPEC), shard_size=CHUNK,
                            progress=False, log=lambda m: None)
     return tmp / "ks"
@@ -92,7 +92,9 @@ def test_two_ranks_switch_at_the_same_step_to_what_their_snapshot_embeds(tmp_pat
 
 
 def test_a_trainer_killed_during_a_reindex_leaves_the_version_current_and_no_process(tmp_path):
-    root = _build(tmp_path)
+    # ten times the passages: after its first chunk the re-index (one passage per forward) runs on for ~45 chunks,
+    # long enough that the trainer's kill comes before it lands even when the trainer is not scheduled for a while
+    root = _build(tmp_path, n=10 * N)
     digest = _digest(root)
     proc = subprocess.run([sys.executable, str(WORKER), str(root), str(tmp_path / "out.json"), "kill", "2"],
                           env=_env(), capture_output=True, text=True, timeout=300)
