@@ -20,6 +20,7 @@ CONSOLE_SCRIPTS = [
     "rag-vocab = rag_plugin.cli.vocab:main",                        # a generator vocabulary from your passages
     "rag-pretrain = rag_plugin.cli.pretrain:main",                  # pretrain a generator on your passages
     "rag-choose-k = rag_plugin.cli.choose_k:main",                  # the number of documents, chosen on valid
+    "rag-probe-reader = rag_plugin.cli.probe_reader:main",          # does a reader tell the answering passage apart?
 ]
 
 setup(
