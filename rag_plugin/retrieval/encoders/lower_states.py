@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -32,6 +33,8 @@ import torch
 
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 from rag_plugin.util.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 META = "meta.json"
 #: where the caches of a knowledge source go: ``KS/.lower_states/``
@@ -133,7 +136,29 @@ def lower_states(tower, layers: int, key: str, store, tokenize: Callable[[list, 
         fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it: wait for it
         if not (directory / META).is_file():
             _build(tower, layers, key, store, tokenize, collate, directory, progress)
+            _note_other_caches(Path(root), directory)
     return LowerStates(directory)
+
+
+def other_caches(root: Path, keep: Path) -> List[Tuple[Path, int]]:
+    """The complete caches under ``root`` other than ``keep``, with their sizes in bytes."""
+    out = []
+    for meta in sorted(root.glob("*/" + META)):
+        if meta.parent != keep:
+            out.append((meta.parent, sum(f.stat().st_size for f in meta.parent.iterdir() if f.is_file())))
+    return out
+
+
+def _note_other_caches(root: Path, built: Path) -> None:
+    """Caches are never removed (a run may still train against one): say what the older ones take, once per build."""
+    try:
+        others = other_caches(root, built)
+    except OSError:
+        return
+    if others:
+        size = sum(n for _, n in others) / 1e9
+        logger.warning("%d older lower-layer cache(s) in %s take %.2f GB (%s): remove those no run trains against "
+                       "(rm -r DIR)", len(others), root, size, ", ".join(p.name for p, _ in others))
 
 
 def _build(tower, layers, key, store, tokenize, collate, directory: Path, progress: bool) -> None:

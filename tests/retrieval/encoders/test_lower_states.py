@@ -97,6 +97,25 @@ def test_built_once_named_by_weights_and_passages(encoder, tmp_path):
     assert len({key, other_passages, other_layers, other_weights}) == 4
 
 
+def test_building_a_new_cache_names_the_older_ones_and_their_size(encoder, tmp_path, caplog):
+    """Caches are never removed; a new build logs the older complete ones with their total size, and nothing when
+    it is the only one or when a cache is only read."""
+    with caplog.at_level("WARNING", logger=cache.__name__):
+        first, _ = _build(encoder, Store(10), 1, tmp_path)
+        assert not caplog.records
+        second, _ = _build(encoder, Store(10, sha256="def"), 1, tmp_path)
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    size = sum(f.stat().st_size for f in first.directory.iterdir())
+    assert f"1 older lower-layer cache(s) in {tmp_path} take {size / 1e9:.2f} GB ({first.directory.name})" in message
+    assert second.directory.name not in message
+    assert cache.other_caches(tmp_path, second.directory) == [(first.directory, size)]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=cache.__name__):
+        _build(encoder, Store(10, sha256="def"), 1, tmp_path)  # complete: read, not built
+    assert not caplog.records
+
+
 def test_an_interrupted_build_is_never_read(encoder, tmp_path, monkeypatch):
     store = Store(10)
     calls = {"n": 0}
