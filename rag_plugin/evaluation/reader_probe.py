@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from rag_plugin.core import marginalization as M
 from rag_plugin.util.errors import UserError
 
 CONDITIONS = ("gold", "gold+random", "gold+retrieved", "random")
@@ -120,11 +121,13 @@ def read_scores(model, src_tokens, prev, target, rows: torch.Tensor, pad: int):
         token_lp, shares = teacher_forced(model, fused, torch.arange(rows.size(0)), prev, target, k)
         return -token_lp.sum(1), shares
     logits, _ = model.generator.decoder(prev.repeat_interleave(k, dim=0), encoder_out=encoder_out)
-    tgt = target.repeat_interleave(k, dim=0)
-    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-    seq_lp = lp.masked_fill(tgt.eq(pad), 0.0).sum(1).view(-1, k)                  # [B, K] log p(y|x,z_k)
-    nll = -(torch.logsumexp(seq_lp, dim=1) - math.log(k))
-    return nll, torch.softmax(seq_lp, dim=1)
+    b, t = target.shape
+    lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, t, -1)
+    token_lp = M.target_token_log_probs(lprobs, target)                          # [B, K, T]
+    uniform = torch.full((b, k), -math.log(k), device=token_lp.device)           # the reader alone: no retrieval
+    mask = target.ne(pad)
+    return (M.rag_sequence_nll(token_lp, uniform, mask),
+            M.rag_sequence_doc_log_posterior(token_lp, uniform, mask).exp())
 
 
 def retrieved_rows(model, net_input: dict, gold: List[List[int]], k: int) -> List[List[int]]:
@@ -134,7 +137,8 @@ def retrieved_rows(model, net_input: dict, gold: List[List[int]], k: int) -> Lis
                              net_input.get("fixed_doc_rows"), net_input.get("fixed_doc_scores"))
     out = []
     for found, g in zip(rows.tolist(), gold):
-        others = [r for r in found if r not in set(g) and r >= 0]
+        banned = set(g)
+        others = [r for r in found if r not in banned and r >= 0]
         if len(others) < k - 1:
             raise UserError(f"the retriever returned {len(others)} non-gold passages for a question, {k - 1} needed",
                             fix="use a smaller --n-docs")
