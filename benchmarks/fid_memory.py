@@ -31,8 +31,8 @@ ROOT = HERE.parent
 def build_world(work: Path, words: int) -> dict:
     import numpy as np
 
-    from rag_plugin.build import BuildSettings, build_knowledge_source
     from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     ks = work / "ks"
     world = {"data": str(work / "qa"), "ks": str(ks)}

@@ -3,7 +3,7 @@ it, a synthetic collection of millions of vectors and its shard sets) and the qu
 
 Everything derived is written under ``--work-dir`` (never beside the demo source) and reused by later runs:
 
-* ``demo_s{S}/``: the demo knowledge source with its index in S shards (``rag_plugin.build.sharding``): the
+* ``demo_s{S}/``: the demo knowledge source with its index in S shards (``rag_plugin.indexing.sharding``): the
   source's passage store and tokenizer copied, its manifest with the ``shards`` entries added (written last).
 * ``synth{N}/``: ``vectors.npy`` (the demo's real vectors followed by jittered copies: a random real vector plus
   Gaussian noise of relative norm ``--jitter``, renormalised; the retrieval benchmark's recipe) and a Flat
@@ -29,7 +29,7 @@ BENCH_META = "bench.json"
 
 def shard_demo(demo: Path, work: Path, num_shards: int) -> Path:
     """``work/demo_s{S}``: the demo knowledge source with its Flat index in S shards (built once)."""
-    from rag_plugin.build.sharding import write_shards
+    from rag_plugin.indexing.sharding import write_shards
 
     out = work / f"demo_s{num_shards}"
     if (out / "manifest.json").is_file():
@@ -76,7 +76,7 @@ def synthetic_base(demo: Path, work: Path, total: int, jitter: float, seed: int)
 
 def synthetic_shards(base: Path, num_shards: int) -> Path:
     """``{base}_s{S}``: the synthetic collection's Flat index in S shards (``write_shards``; built once)."""
-    from rag_plugin.build.sharding import write_shards
+    from rag_plugin.indexing.sharding import write_shards
 
     out = Path(f"{base}_s{num_shards}")
     if (out / BENCH_META).is_file():

@@ -6,7 +6,7 @@
 A benchmark, not a test: it reports only. The collection is the knowledge source's stored vectors, plus
 (``--synthetic N``) jittered copies up to N vectors (a random real vector plus Gaussian noise of relative norm
 ``--jitter``, renormalised: a proxy, not real passages). Queries are ``--queries`` of the stored vectors plus
-noise. Shards are built as ``rag-build-knowledge --num-shards S`` builds them (rag_plugin.build.sharding: one
+noise. Shards are built as ``rag-build-knowledge --num-shards S`` builds them (rag_plugin.indexing.sharding: one
 template trained on a sample of the whole collection, copied per shard, each given its contiguous rows) and
 searched as one process searches them (rag_plugin.retrieval.parts.LocalSearch: every shard, exact merge).
 Reported per factory, search setting and S: recall@k of the sharded search against the unsharded index of the

@@ -151,7 +151,7 @@ def generator_token_counter(gdir: Path):
 # ----------------------------------------------------------------------------- build
 def build(cache: str, log=print) -> Path:
     """Build the world (or return it when it is already complete: ``DONE`` is written last)."""
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     out = world_dir(cache)
     if (out / "DONE").is_file():

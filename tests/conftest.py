@@ -93,7 +93,7 @@ def assert_one_line_error(proc, *needles):
 def build_hashing_knowledge_source(tmp_path, n=300, factory="Flat", num_shards=1, name="ks", **kw):
     """A knowledge source of ``n`` synthetic passages embedded by :class:`HashingEncoder` (seconds),
     its index in ``num_shards`` shards, in ``tmp_path/name``."""
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(n))
     settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory, num_shards=num_shards)

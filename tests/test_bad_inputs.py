@@ -184,7 +184,7 @@ def case_table() -> List[Case]:
         return build(d, "psgs.jsonl", "--reuse-vectors-from", w["ks"])
 
     def b_reuse_other_max_length(d, w):
-        from rag_plugin.build import BuildSettings, build_knowledge_source
+        from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         build_knowledge_source(str(d / "old"), BuildSettings(passages=str(d / "psgs.jsonl"), encoder=FAST_ENCODER),
@@ -204,7 +204,7 @@ def case_table() -> List[Case]:
         return f"hf-dpr:{d / 'dpr'}"
 
     def b_encoder_changed(d, w):
-        from rag_plugin.build import BuildSettings, build_knowledge_source
+        from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         build_knowledge_source(str(d / "ks_out"), BuildSettings(passages=str(d / "psgs.jsonl"),
@@ -213,7 +213,7 @@ def case_table() -> List[Case]:
         return build(d, "psgs.jsonl", "--encoder", dpr_encoder(d, 1))
 
     def b_resume_encoder_changed(d, w):
-        from rag_plugin.build import BuildSettings, build_knowledge_source
+        from rag_plugin.indexing import BuildSettings, build_knowledge_source
         from rag_plugin.retrieval.encoders import load_encoder
 
         lines(d / "psgs.jsonl", PSG)
@@ -630,7 +630,7 @@ def check(case: Case, out: Outcome) -> List[str]:
 def bad_input_world(tiny_world, tmp_path_factory):
     """The tiny world, a checkpoint trained on it (1 update), and two more knowledge sources:
     one with another document encoder (dim 16), one of 3 passages."""
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     root = tmp_path_factory.mktemp("bad_inputs")
     world = dict(tiny_world)

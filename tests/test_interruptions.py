@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.retriever import DenseRetriever
 from rag_plugin.util.errors import UserError
@@ -45,7 +45,7 @@ BUILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
     from tests.conftest import HashingEncoder
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     class Slow(HashingEncoder):
         def encode_passages(self, titles, texts, **kw):

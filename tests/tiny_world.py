@@ -16,8 +16,8 @@ def _name(rng, n=3):
 
 
 def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
-    from rag_plugin.build import build_knowledge_source
     from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
+    from rag_plugin.indexing import build_knowledge_source
 
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def make_world(root: Path, n_countries: int = 40, seed: int = 0) -> dict:
 def world_settings(root: Path, num_shards: int = 1, layers: int = 1):
     """The build settings of the world's knowledge source (its index in ``num_shards`` shards, an encoder of
     ``layers`` layers)."""
-    from rag_plugin.build import BuildSettings
+    from rag_plugin.indexing import BuildSettings
 
     return BuildSettings(passages=str(root / "passages.jsonl"),
                          encoder=f"random:dim=32,layers={layers},heads=2,intermediate=64,seed=0", index_factory="Flat",
@@ -58,7 +58,7 @@ def world_settings(root: Path, num_shards: int = 1, layers: int = 1):
 
 def sharded_knowledge(world: dict, num_shards: int) -> Path:
     """The world's knowledge source built again with its index in ``num_shards`` shards (once per world)."""
-    from rag_plugin.build import build_knowledge_source
+    from rag_plugin.indexing import build_knowledge_source
 
     out = world["root"] / f"ks_{num_shards}_shards"
     if not (out / "manifest.json").is_file():
@@ -68,7 +68,7 @@ def sharded_knowledge(world: dict, num_shards: int) -> Path:
 
 def layered_knowledge(world: dict, layers: int) -> Path:
     """The world's knowledge source built again with an encoder of ``layers`` layers (once per world)."""
-    from rag_plugin.build import build_knowledge_source
+    from rag_plugin.indexing import build_knowledge_source
 
     out = world["root"] / f"ks_{layers}_layers"
     if not (out / "manifest.json").is_file():

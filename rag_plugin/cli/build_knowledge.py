@@ -27,7 +27,7 @@ from rag_plugin.util.errors import cli_main
 
 
 def build_parser() -> ArgumentParser:
-    from rag_plugin.build.distributed import DEFAULT_TIMEOUT_MINUTES
+    from rag_plugin.indexing.distributed import DEFAULT_TIMEOUT_MINUTES
     from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
 
     p = ArgumentParser(prog="rag-build-knowledge", description=__doc__)
@@ -67,9 +67,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from rag_plugin.build import BuildSettings, build_knowledge_source
-    from rag_plugin.build.distributed import BuildGroup
     from rag_plugin.core.input_format import InputFormat
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing.distributed import BuildGroup
     from rag_plugin.retrieval.index import set_faiss_threads
 
     passages = args.passages[0] if len(args.passages) == 1 else args.passages

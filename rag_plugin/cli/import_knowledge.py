@@ -62,7 +62,7 @@ def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
 
 def run(args) -> int:
     """Import as ``args`` (parsed by :func:`build_parser`) say; reports on stderr."""
-    from rag_plugin.build.import_knowledge import import_knowledge
+    from rag_plugin.indexing.import_knowledge import import_knowledge
     from rag_plugin.retrieval.index import set_faiss_threads
 
     set_faiss_threads(args.threads)

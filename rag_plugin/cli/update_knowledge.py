@@ -7,10 +7,10 @@
 Passage files in rag-build-knowledge's formats (.jsonl id/title/text, DPR .tsv, .gz); the ids file one
 passage id per line. Version v+1 is written beside v (only new or edited passages embedded, with the
 source's own encoder), then made current atomically; processes that have v open keep it. Killed at any
-point, v stays current and the same command resumes. See rag_plugin/build/update.py.
+point, v stays current and the same command resumes. See rag_plugin/indexing/update.py.
 ``--reembed``: every passage embedded again by the source's encoder with the document tower of a checkpoint
 trained with --train-doc-encoder (or a .pt holding {"document_tower": state dict}, or a .safetensors state
-dict); see rag_plugin/build/reembed.py.
+dict); see rag_plugin/indexing/reembed.py.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from rag_plugin.build.update import update_knowledge_source
+    from rag_plugin.indexing.update import update_knowledge_source
     from rag_plugin.retrieval.index import set_faiss_threads
 
     if args.reembed and (args.add or args.delete or args.replace):
@@ -57,8 +57,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads)
     if args.reembed:
-        from rag_plugin.build.reembed import read_tower_state, reembed
-        from rag_plugin.build.update import remove_old_versions
+        from rag_plugin.indexing.reembed import read_tower_state, reembed
+        from rag_plugin.indexing.update import remove_old_versions
 
         reembed(args.knowledge, read_tower_state(args.reembed), what=args.reembed, batch_size=args.batch_size,
                 device=args.device, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))

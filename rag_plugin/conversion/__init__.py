@@ -8,7 +8,7 @@
   ``RagSequenceForGeneration`` folder (``rag-token-nq``, ``rag-sequence-nq``) -> a plugin
   checkpoint directory (``rag-convert-hf``, :mod:`rag_plugin.cli.convert_hf`).
 
-Knowledge datasets with their embeddings are imported by :mod:`rag_plugin.build.import_knowledge`
+Knowledge datasets with their embeddings are imported by :mod:`rag_plugin.indexing.import_knowledge`
 (``rag-import-knowledge``). DPR encoders (original checkpoints and the Hugging Face layout) are
 read by :mod:`rag_plugin.retrieval.encoders` (``dpr:CKPT``, ``hf-dpr:DIR``) and fairseq's BART
 ``model.pt`` by :func:`rag_plugin.models.generator.load_generator_weights`

@@ -30,6 +30,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval.encoders import lower_states as lower_cache
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
 from rag_plugin.util.errors import UserError
@@ -165,12 +166,10 @@ def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, to
     found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), top,
                                            compute_threads=torch.get_num_threads())
     rows = torch.from_numpy(found.rows)
-    # at least float32 whatever the model's dtype (see RagModel.retrieve); float64 stays float64
-    dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.set_grad_enabled(model.training and torch.is_grad_enabled()):
         d = document_vectors(model.doc_encoder, rows, model.retriever.store, model.context.passage_tokenizer,
                              q.device, lower_states_of(model))
-        scores = torch.bmm(d.to(dtype), q.to(dtype).unsqueeze(-1)).squeeze(-1) * model.doc_score_scale  # [B, L]
+        scores = inner_products(d, q, model.doc_score_scale)  # [B, L], float32 whatever the model's precision
     if top > k:
         best = scores.topk(k, dim=1)
         return best.values, rows.gather(1, best.indices.cpu())

@@ -26,6 +26,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 from omegaconf import II
 
+from rag_plugin.core.scores import inner_products
 from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
@@ -301,11 +302,8 @@ class RagModel(BaseFairseqModel):
         found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs,
                                               compute_threads=torch.get_num_threads(), with_vectors=True)
         rows = torch.from_numpy(found.rows)
-        # float32 inner products whatever the model's dtype: under --fp16/--bf16 a 16-bit score would
-        # round the prior's logits (bf16 steps of 0.25-0.5 at DPR's scores of 60-90)
         d = torch.from_numpy(found.vectors).to(q.device)  # [B, K, D] float32, frozen
-        scores = torch.bmm(d, q.float().unsqueeze(-1)).squeeze(-1) * self.doc_score_scale  # [B, K]
-        return scores, rows
+        return inner_products(d, q, self.doc_score_scale), rows  # [B, K] float32 under --fp16/--amp too
 
     def _hybrid_retrieve(self, query_tokens, query_mask, n_docs, bm25_rows, bm25_scores):
         """Fused logits [B, K] (their gradient reaches the query encoder, see rag_plugin/retrieval/hybrid.py)."""

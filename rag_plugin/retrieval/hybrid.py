@@ -34,6 +34,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.retrieval.retriever import Retrieval
 from rag_plugin.util.errors import UserError
@@ -171,9 +172,8 @@ class HybridRetriever:
                                           compute_threads=compute_threads)
         cands = union_candidates(found.rows, bm25_rows, bm25_scores)
         vectors = self.dense.doc_vectors(np.where(cands.valid, cands.rows, 0))           # [B, C, D] frozen
-        d = torch.from_numpy(vectors).to(device=q.device, dtype=torch.float64 if q.dtype == torch.float64
-                                         else torch.float32)
-        dense_logits = torch.bmm(d, q.to(d.dtype).unsqueeze(-1)).squeeze(-1) * doc_score_scale
+        d = torch.from_numpy(vectors).to(q.device)
+        dense_logits = inner_products(d, q, doc_score_scale)  # float32 (float64 stays float64) under --amp too
         logits = fused_logits(dense_logits, cands, self.fusion, self.rrf_k, self.weight, self.scale)
         return top_k(logits, cands, k)
 

@@ -13,7 +13,7 @@ Directory layout (``KS_DIR``)::
     .build/          only while building: settings and finished embedding shards (resume)
 
 :class:`KnowledgeSource` loads and verifies such a directory. It is written by the builder,
-:func:`rag_plugin.build.build_knowledge_source` (``rag-build-knowledge``), or imported with
+:func:`rag_plugin.indexing.build_knowledge_source` (``rag-build-knowledge``), or imported with
 vectors computed elsewhere (``rag-import-knowledge``). An imported source whose document encoder
 is not known records ``"kind": "imported"`` as its ``encoder`` (with the vectors' dimension and
 fingerprint), where the vectors came from (``imported_vectors``) and the query encoder to use

@@ -3,7 +3,7 @@ again every N updates in background processes, and switch every rank to the new 
 
 At an update that is a multiple of N, when no re-index is running on any rank, each rank writes a snapshot of
 the document tower (``model.doc_encoder_state()``, a safetensors file in ``KS/.reindex/``) and starts one process
-(``python -m rag_plugin.build.reembed``, :mod:`rag_plugin.build.reembed`; ``--reindex-threads`` threads, niced,
+(``python -m rag_plugin.indexing.reembed``, :mod:`rag_plugin.indexing.reembed`; ``--reindex-threads`` threads, niced,
 killed with the trainer) that embeds its share of the passages (rank r: chunks r, r + world, ...); rank 0's
 process waits for every chunk, builds the index and makes the new version current. Training goes on meanwhile
 with the version it has open (the stale index).
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from rag_plugin.build.reembed import CHUNK_SIZE, REINDEX_DIR, chunk_dir, save_tower_state
+from rag_plugin.indexing.reembed import CHUNK_SIZE, REINDEX_DIR, chunk_dir, save_tower_state
 from rag_plugin.retrieval import versions
 from rag_plugin.util.errors import UserError
 
@@ -147,7 +147,7 @@ class Reindexer:
     def _remove_old_versions(self, keep: int) -> None:
         """--reindex-keep: the versions older than the ``keep`` newest go, unless a process has one open (another
         rank still switching: it goes at the next switch)."""
-        from rag_plugin.build.update import remove_old_versions
+        from rag_plugin.indexing.update import remove_old_versions
 
         try:
             with versions.UpdateLock(self.root):
@@ -172,7 +172,8 @@ class Reindexer:
         result = self.work / f"result-rank{self.rank}.json"
         result.unlink(missing_ok=True)
         cfg = self.cfg
-        cmd = [sys.executable, "-m", "rag_plugin.build.reembed", "--knowledge", str(self.root), "--tower", str(tower),
+        cmd = [sys.executable, "-m", "rag_plugin.indexing.reembed", "--knowledge", str(self.root),
+               "--tower", str(tower),
                "--what", f"training snapshot at update {update_num}", "--base-version", str(base),
                "--rank", str(self.rank), "--world", str(self.world), "--threads", str(cfg.reindex_threads),
                "--batch-size", str(cfg.reindex_batch_size), "--wait-minutes", str(cfg.reindex_wait_minutes),

@@ -133,7 +133,7 @@ def test_finished_stages_are_skipped_and_changed_ones_redone(tiny_world, tmp_pat
 
 
 def test_bad_inputs_are_one_line(tiny_world, tmp_path):
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     ks = ["--knowledge", tiny_world["ks"], "--out", tmp_path / "pre"]
     assert_one_line_error(run_module(MODULE, "--knowledge", tmp_path / "none", "--out", tmp_path / "pre"), "none")

@@ -22,8 +22,8 @@ def _import_kwargs(world):
 
 @pytest.fixture(scope="session")
 def converted(world):
-    from rag_plugin.build.import_knowledge import import_knowledge
     from rag_plugin.conversion.hf_rag import convert_hf_rag
+    from rag_plugin.indexing.import_knowledge import import_knowledge
 
     out = {}
     for variant in ("token", "sequence"):

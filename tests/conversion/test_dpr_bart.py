@@ -24,7 +24,7 @@ import rag_plugin  # noqa: E402
 
 rag_plugin.register()
 
-from rag_plugin.build import BuildSettings, build_knowledge_source  # noqa: E402
+from rag_plugin.indexing import BuildSettings, build_knowledge_source  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
 from rag_plugin.retrieval.encoders import load_encoder  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402

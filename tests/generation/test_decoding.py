@@ -283,7 +283,7 @@ def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
         np.testing.assert_allclose([d["prior"] for d in rec["docs"]], [by_id[d["id"]] for d in rec["docs"]],
                                    atol=2e-6)
     # another knowledge source with a different document encoder: refused in one line
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     other = tmp_path / "other_ks"
     build_knowledge_source(str(other), BuildSettings(

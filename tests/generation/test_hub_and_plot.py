@@ -60,7 +60,7 @@ def test_hub_keeps_its_version_until_reload(tiny_world, trained, tmp_path):
     whose deleted passage is never retrieved again."""
     import shutil
 
-    from rag_plugin.build.update import update_knowledge_source
+    from rag_plugin.indexing.update import update_knowledge_source
 
     ks = tmp_path / "ks"
     shutil.copytree(tiny_world["ks"], ks)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
 from tests.conftest import ROOT, assert_one_line_error, synthetic_passages, write_jsonl
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"

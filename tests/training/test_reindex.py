@@ -16,15 +16,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.training import reindex
 from rag_plugin.util.errors import UserError
-from tests.build.test_reembed import _digest
 from tests.conftest import ROOT, synthetic_passages, write_jsonl
+from tests.indexing.test_reembed import _digest
 from tests.training.reindex_worker import CHUNK, FakeModel, FakeTask, tower_state_at
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0,max_length=32"

@@ -1,21 +1,21 @@
 """Build (or resume building) a knowledge source: passages -> (split) -> pre-tokenize -> embed in
 resumable shards -> FAISS index -> manifest, last.
 
-:func:`build_knowledge_source` is the sequence of stages (:mod:`~rag_plugin.build.stages`,
-:mod:`~rag_plugin.build.embedding`); what may be resumed or is up to date is decided by
-:mod:`~rag_plugin.build.output_dir` from the settings' fingerprint plus the passage side of the
-encoder's identity (:mod:`~rag_plugin.build.settings`): other weights behind the same
+:func:`build_knowledge_source` is the sequence of stages (:mod:`~rag_plugin.indexing.stages`,
+:mod:`~rag_plugin.indexing.embedding`); what may be resumed or is up to date is decided by
+:mod:`~rag_plugin.indexing.output_dir` from the settings' fingerprint plus the passage side of the
+encoder's identity (:mod:`~rag_plugin.indexing.settings`): other weights behind the same
 ``--encoder`` are refused, never mixed.
 
 Hooks for sources that are not (only) text files to embed: ``collection`` (passages from another
 reader, e.g. a Hugging Face dataset), ``precomputed``
-(:class:`~rag_plugin.build.precomputed.PrecomputedVectors`: document vectors computed elsewhere,
+(:class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`: document vectors computed elsewhere,
 placed by passage id, in place of an encoder) and ``BuildSettings.index_file`` (an existing FAISS
 index over the same rows, checked and used instead of building one); ``BuildSettings.input_format``
 says which generator input format the passages are pre-tokenized for (see
 :mod:`rag_plugin.core.input_format`).
 
-``group`` (:class:`~rag_plugin.build.distributed.BuildGroup`): the processes of a torchrun job the build is
+``group`` (:class:`~rag_plugin.indexing.distributed.BuildGroup`): the processes of a torchrun job the build is
 split over. Rank 0 does the checks, the passage store, gathering the vectors and the manifest; every rank
 embeds its share of the missing chunks and builds the index shards it owns. One process is the same
 sequence with no one to wait for.
@@ -29,8 +29,8 @@ from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from rag_plugin.build import stages
-from rag_plugin.build.distributed import (
+from rag_plugin.indexing import stages
+from rag_plugin.indexing.distributed import (
     BuildGroup,
     ChunkProgress,
     check_same_directory,
@@ -39,8 +39,8 @@ from rag_plugin.build.distributed import (
     share,
     write_job_token,
 )
-from rag_plugin.build.embedding import VectorReuse, embed_shards, gather_vectors
-from rag_plugin.build.output_dir import (
+from rag_plugin.indexing.embedding import VectorReuse, embed_shards, gather_vectors
+from rag_plugin.indexing.output_dir import (
     check_out_dir,
     check_same_encoder,
     check_shards,
@@ -48,8 +48,8 @@ from rag_plugin.build.output_dir import (
     shard_path,
     shards_dir,
 )
-from rag_plugin.build.settings import ENCODER_IDENTITY, BuildSettings, describe_differences, passage_side
-from rag_plugin.build.sharding import finished_entries, shard_bounds, template_index, write_shards
+from rag_plugin.indexing.settings import ENCODER_IDENTITY, BuildSettings, describe_differences, passage_side
+from rag_plugin.indexing.sharding import finished_entries, shard_bounds, template_index, write_shards
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import BUILD_DIR, KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
@@ -126,7 +126,7 @@ def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
     vectors are copied for unchanged passages (an updated collection re-embeds only what changed).
     ``collection``: a callable returning the passages (:class:`Passage` items) in place of
     reading ``settings.passages`` (which still name the input files, for the fingerprint).
-    ``precomputed``: a :class:`~rag_plugin.build.precomputed.PrecomputedVectors`, document
+    ``precomputed``: a :class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`, document
     vectors computed elsewhere, in place of ``encoder``.
     ``index_template``: an empty FAISS index whose quantizer is already trained (an update keeps its
     source's), copied and given the vectors instead of training one. ``manifest_extra``: more manifest entries.

@@ -3,7 +3,7 @@
 Two sources, one interface (:class:`HuggingFaceDataset`, :class:`DPRVectorFiles`): ``passage_files``
 (fingerprinted by the builder), ``collection`` (the passages, or None when the builder reads
 ``passage_files`` itself), ``batches()`` (``(passage ids, float32 [B, D] vectors, file)`` for
-:class:`~rag_plugin.build.precomputed.PrecomputedVectors`), ``provenance()`` (what the manifest
+:class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`), ``provenance()`` (what the manifest
 records as ``imported_vectors``) and ``settings_fields()`` (what the build fingerprint adds).
 
 * a Hugging Face knowledge dataset with columns ``title``, ``text``, ``embeddings`` (and

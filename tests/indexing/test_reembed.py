@@ -1,4 +1,4 @@
-"""Re-embedding a knowledge source with a trained document tower (rag_plugin/build/reembed.py,
+"""Re-embedding a knowledge source with a trained document tower (rag_plugin/indexing/reembed.py,
 ``rag-update-knowledge --reembed``): the source's own weights give back its vectors and search results; other
 weights give a from-scratch embedding with them, each passage embedded once, with the index settings kept
 (Flat, IVF retrained, shards); a killed re-embedding leaves the previous version current and byte-identical and
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
-from rag_plugin.build.reembed import CHUNK_SIZE, TowerEncoder, reembed, tower_encoder
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing.reembed import CHUNK_SIZE, TowerEncoder, reembed, tower_encoder
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
@@ -154,9 +154,9 @@ def test_a_failed_rank_stops_rank_0_waiting(tmp_path):
 KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[2])
-from rag_plugin.build.reembed import reembed, tower_encoder
+from rag_plugin.indexing.reembed import reembed, tower_encoder
 from rag_plugin.retrieval.knowledge import KnowledgeSource
-from tests.build.test_reembed import Counting, _own_state, _perturbed, CHUNK
+from tests.indexing.test_reembed import Counting, _own_state, _perturbed, CHUNK
 
 class DiesAtTheThirdChunk(Counting):
     def encode_passages(self, titles, texts, batch_size=64, progress=False):
@@ -234,7 +234,7 @@ def test_command_line(tmp_path):
 
 
 def test_an_update_does_not_take_over_a_reembedded_version_never_made_current(tmp_path):
-    from rag_plugin.build.update import update_knowledge_source
+    from rag_plugin.indexing.update import update_knowledge_source
 
     ks = _build(tmp_path)
     root = tmp_path / "ks"
@@ -249,10 +249,10 @@ def test_an_update_does_not_take_over_a_reembedded_version_never_made_current(tm
 GROUP_RANK = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
-from rag_plugin.build.distributed import BuildGroup
-from rag_plugin.build.reembed import reembed
+from rag_plugin.indexing.distributed import BuildGroup
+from rag_plugin.indexing.reembed import reembed
 from rag_plugin.retrieval.knowledge import KnowledgeSource
-from tests.build.test_reembed import CHUNK, _own_state, _perturbed
+from tests.indexing.test_reembed import CHUNK, _own_state, _perturbed
 
 root = sys.argv[1]
 group = BuildGroup.from_environment()
@@ -263,7 +263,7 @@ group.close()
 
 
 def test_a_torchrun_group_splits_the_embedding_and_rank_0_commits(tmp_path):
-    from tests.build.test_distributed_build import _ranks
+    from tests.indexing.test_distributed_build import _ranks
 
     ks = _build(tmp_path)
     root = tmp_path / "ks"

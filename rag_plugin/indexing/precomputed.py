@@ -2,13 +2,13 @@
 
 * :class:`PrecomputedVectors` -- vectors computed by someone else (DPR's released passage
   embeddings, the ``embeddings`` column of a Hugging Face knowledge dataset: read by
-  :mod:`rag_plugin.build.vector_sources`), placed on the passage store's rows by passage id and
+  :mod:`rag_plugin.indexing.vector_sources`), placed on the passage store's rows by passage id and
   written as the builder's embedding shards, in place of running an encoder.
 * :func:`use_index_file` -- an existing FAISS index over the same rows (e.g. the one saved
   with a Hugging Face dataset), checked against the vectors and used instead of building one.
 
-See :func:`rag_plugin.build.build_knowledge_source` (``precomputed=`` and
-``BuildSettings.index_file``) and :func:`rag_plugin.build.import_knowledge.import_knowledge`.
+See :func:`rag_plugin.indexing.build_knowledge_source` (``precomputed=`` and
+``BuildSettings.index_file``) and :func:`rag_plugin.indexing.import_knowledge.import_knowledge`.
 """
 from __future__ import annotations
 

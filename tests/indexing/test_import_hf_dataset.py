@@ -1,5 +1,5 @@
 """Knowledge sources imported from a Hugging Face knowledge dataset (save_to_disk folder,
-parquet) or DPR's TSV + vectors (rag_plugin.build.import_knowledge): the passages, ids and vectors
+parquet) or DPR's TSV + vectors (rag_plugin.indexing.import_knowledge): the passages, ids and vectors
 arrive unchanged, in order, and the dataset's own FAISS index is reused only when it matches. The
 manifest records what is known of the encoders (imported vectors, their fingerprint, the query
 encoder), and loading the source and checking an encoder against it keep working. No transformers
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.build.import_knowledge import import_knowledge
+from rag_plugin.indexing.import_knowledge import import_knowledge
 from rag_plugin.retrieval.encoders import build_random_encoder, save_hf_dpr
 from rag_plugin.retrieval.index import search
 from rag_plugin.util.errors import UserError

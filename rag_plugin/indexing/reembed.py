@@ -2,7 +2,8 @@
 pre-tokenization) with every vector made again by the source's own encoder whose passage tower carries the
 given weights (``rag-update-knowledge --reembed``, and the trainer's ``--reindex-every``).
 
-How it is done, with the builder's machinery (:mod:`rag_plugin.build.builder`, :mod:`~rag_plugin.build.embedding`):
+How it is done, with the builder's machinery (:mod:`rag_plugin.indexing.builder`,
+:mod:`~rag_plugin.indexing.embedding`):
 
 1. every process (``rank`` of ``world``) embeds its share of the embedding chunks (rank r: chunks r, r + world,
    ...) from version v's passage store into ``KS/.reindex/vVVVVVV-TOWERSHA/`` (one ``.npy`` per chunk, each written
@@ -20,7 +21,7 @@ with the same encoder) and adds ``document_tower_sha256`` (:func:`state_dict_sha
 ``reembedded_from`` (what they came from). Processes other than rank 0 signal a failure with a file
 (``failed.rankR``) so rank 0 stops waiting at once.
 
-``python -m rag_plugin.build.reembed --knowledge KS --tower FILE --what TEXT [--rank R --world W]`` runs one
+``python -m rag_plugin.indexing.reembed --knowledge KS --tower FILE --what TEXT [--rank R --world W]`` runs one
 process of it (the trainer starts these, :mod:`rag_plugin.training.reindex`).
 """
 from __future__ import annotations
@@ -34,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from rag_plugin.build.embedding import embed_shards
-from rag_plugin.build.output_dir import shard_path, shards_dir
-from rag_plugin.build.settings import ENCODER_IDENTITY, passage_side
+from rag_plugin.indexing.embedding import embed_shards
+from rag_plugin.indexing.output_dir import shard_path, shards_dir
+from rag_plugin.indexing.settings import ENCODER_IDENTITY, passage_side
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.knowledge import BUILD_DIR, MANIFEST, KnowledgeSource
 from rag_plugin.util.errors import UserError, cli_main
@@ -133,7 +134,7 @@ def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank:
             device: str = "cpu") -> int:
     """Write version v+1 of ``knowledge_dir`` (v: ``base_version``, default the current one) with every passage
     embedded again by a passage tower holding ``tower_state``, and make it current (see the module docstring).
-    ``group``: a :class:`~rag_plugin.build.distributed.BuildGroup` (its rank and world; rank 0 returns when the
+    ``group``: a :class:`~rag_plugin.indexing.distributed.BuildGroup` (its rank and world; rank 0 returns when the
     version is current, the others with it); without one, ``rank``/``world`` split the chunks between independent
     processes, and ranks other than 0 return once their chunks are written. ``encoder``: a ready
     :class:`TowerEncoder` in place of ``tower_state``; ``device``: where the tower made from ``tower_state`` runs.
@@ -200,9 +201,9 @@ def _wait_for_chunks(chunks: Path, starts, world: int, wait_minutes: float) -> N
 def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks: Path, starts, shard_size: int,
             batch_size: int, what: str, log, progress: bool, t0: float, world: int, wait_minutes: float) -> int:
     """Rank 0: the chunks into version v+1 (built by the builder in its partial directory), then made current."""
-    from rag_plugin.build import stages
-    from rag_plugin.build.builder import build_knowledge_source
-    from rag_plugin.build.update import update_settings
+    from rag_plugin.indexing import stages
+    from rag_plugin.indexing.builder import build_knowledge_source
+    from rag_plugin.indexing.update import update_settings
 
     if world > 1:
         _wait_for_chunks(chunks, starts, world, wait_minutes)
@@ -306,7 +307,7 @@ def read_tower_state(path: str) -> Dict:
 
 @cli_main
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rag_plugin.build.reembed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m rag_plugin.indexing.reembed", description=__doc__.split("\n\n")[0])
     p.add_argument("--knowledge", required=True)
     p.add_argument("--tower", required=True, help="the document tower's weights (.safetensors, .pt, checkpoint)")
     p.add_argument("--what", default=None, help="what the weights are, for the manifest (default: --tower)")

@@ -1,10 +1,10 @@
-"""A knowledge-source build split over processes (rag_plugin/build/distributed.py, builder.py; the
+"""A knowledge-source build split over processes (rag_plugin/indexing/distributed.py, builder.py; the
 rag-build-knowledge command line under torchrun): the same bytes as a one-process build, a lost process
 finished by a rerun with any number of processes, bad input stopping every rank with one line.
 
 Builds run as separate processes: under torchrun itself, or one process per rank with the environment torchrun
 gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so that each rank's exit status and stderr can
-be checked. ``tests.build.build_entry`` is the command line with the tests' HashingEncoder as ``--encoder
+be checked. ``tests.indexing.build_entry`` is the command line with the tests' HashingEncoder as ``--encoder
 hashing``.
 """
 import os
@@ -21,7 +21,7 @@ from rag_plugin.retrieval.knowledge import KnowledgeSource
 from tests.conftest import ROOT, assert_one_line_error, synthetic_passages, write_jsonl
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"
-ENTRY = ["-m", "tests.build.build_entry"]
+ENTRY = ["-m", "tests.indexing.build_entry"]
 CLI = ["-m", "rag_plugin.cli.build_knowledge"]
 
 
@@ -190,7 +190,7 @@ def test_ranks_with_different_document_encoders_are_refused(tmp_path):
 
 
 def test_not_under_torchrun_the_group_is_one_process_and_a_missing_master_is_one_line(tmp_path):
-    from rag_plugin.build.distributed import BuildGroup
+    from rag_plugin.indexing.distributed import BuildGroup
     from rag_plugin.util.errors import UserError
 
     group = BuildGroup.from_environment(environ={})

@@ -1,4 +1,4 @@
-"""The knowledge-source builder (rag_plugin.build): up to date, resume after an interruption (a
+"""The knowledge-source builder (rag_plugin.indexing): up to date, resume after an interruption (a
 SIGKILL included), reuse of unchanged passages' vectors, and every rerun check; each result
 compared with a build that was never interrupted."""
 import json
@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
 from tests.conftest import ROOT, HashingEncoder, build_hashing_knowledge_source, synthetic_passages, write_jsonl
@@ -41,7 +41,7 @@ SLOW_BUILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
     from tests.conftest import HashingEncoder
-    from rag_plugin.build import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildSettings, build_knowledge_source
 
     class Slow(HashingEncoder):
         embedded = 0

@@ -14,8 +14,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from rag_plugin.build.output_dir import shard_path
-from rag_plugin.build.settings import describe_differences, differences, passage_side
+from rag_plugin.indexing.output_dir import shard_path
+from rag_plugin.indexing.settings import describe_differences, differences, passage_side
 from rag_plugin.retrieval.knowledge import MANIFEST, KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.util.errors import UserError

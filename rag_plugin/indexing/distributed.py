@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from rag_plugin.build.output_dir import shard_path
+from rag_plugin.indexing.output_dir import shard_path
 from rag_plugin.retrieval.knowledge import BUILD_DIR
 from rag_plugin.retrieval.shards import assign_holders
 from rag_plugin.util.errors import UserError

@@ -1,5 +1,5 @@
 """DPR's psgs_w100.tsv (also .tsv.gz) with DPR's precomputed passage vectors (.npy + ids, or pickles
-behind --trust-pickles) imported by rag_plugin.build.import_knowledge / rag-import-knowledge: every
+behind --trust-pickles) imported by rag_plugin.indexing.import_knowledge / rag-import-knowledge: every
 vector lands on the row of its passage id, and the manifest records what is known about the encoders.
 (Moved here with the code from tests/data/test_prepare.py.)"""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.build.import_knowledge import import_knowledge
+from rag_plugin.indexing.import_knowledge import import_knowledge
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
 from tests.conftest import assert_one_line_error

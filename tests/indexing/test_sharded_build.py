@@ -1,4 +1,4 @@
-"""A knowledge source built in S index shards (``rag-build-knowledge --num-shards S``; rag_plugin/build/sharding.py,
+"""A knowledge source built in S index shards (``rag-build-knowledge --num-shards S``; rag_plugin/indexing/sharding.py,
 rag_plugin/retrieval/shards.py): it searches exactly like the unsharded one (rows, scores, stored vectors) and like
 brute force; bad --num-shards values are one-line errors that leave nothing behind; a shard file that is missing,
 truncated or from another build is refused by name when the source is opened."""
@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
-from rag_plugin.build.distributed import shard_builders, share
-from rag_plugin.build.sharding import shard_bounds
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing.distributed import shard_builders, share
+from rag_plugin.indexing.sharding import shard_bounds
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
 from tests.conftest import (
@@ -82,7 +82,7 @@ def test_every_shard_and_chunk_has_exactly_one_builder():
         assert len(builders) == num_shards and all(0 <= r < world for r in builders)
         if num_shards >= world:
             assert set(builders) == set(range(world))  # nobody idle
-    from rag_plugin.build.distributed import BuildGroup
+    from rag_plugin.indexing.distributed import BuildGroup
 
     items = list(range(0, 1000, 64))
     shares = [share(items, BuildGroup(rank, 3)) for rank in range(3)]

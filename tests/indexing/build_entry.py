@@ -1,4 +1,4 @@
-"""``python -m tests.build.build_entry ARGS``: rag-build-knowledge (rag_plugin.cli.build_knowledge.main) with the
+"""``python -m tests.indexing.build_entry ARGS``: rag-build-knowledge (rag_plugin.cli.build_knowledge.main) with the
 tests' :class:`~tests.conftest.HashingEncoder` reachable as ``--encoder hashing`` (a build in seconds), for tests
 that launch builds as separate processes (torchrun or one process per rank).
 

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from rag_plugin.build.settings import (
+from rag_plugin.indexing.settings import (
     ENCODER_IDENTITY,
     SHARD_SIZE,
     describe_differences,

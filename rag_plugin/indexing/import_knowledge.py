@@ -1,8 +1,8 @@
 """Import a knowledge source whose document vectors were computed elsewhere (``rag-import-knowledge``):
 the one import path for a Hugging Face knowledge dataset and for DPR's ``psgs_w100.tsv`` with its
-vectors (read by :mod:`rag_plugin.build.vector_sources`, placed by
-:class:`~rag_plugin.build.precomputed.PrecomputedVectors`). The knowledge builder does the work
-(:func:`~rag_plugin.build.build_knowledge_source`: same layout, manifest last, resumable) with its
+vectors (read by :mod:`rag_plugin.indexing.vector_sources`, placed by
+:class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`). The knowledge builder does the work
+(:func:`~rag_plugin.indexing.build_knowledge_source`: same layout, manifest last, resumable) with its
 ``collection``/``precomputed`` hooks; nothing is re-embedded.
 
 What the manifest records about the encoders (:func:`vectors_encoder`):
@@ -27,10 +27,10 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rag_plugin.build.builder import build_knowledge_source
-from rag_plugin.build.precomputed import PrecomputedVectors
-from rag_plugin.build.settings import BuildSettings
-from rag_plugin.build.vector_sources import DPRVectorFiles, HuggingFaceDataset, require_file
+from rag_plugin.indexing.builder import build_knowledge_source
+from rag_plugin.indexing.precomputed import PrecomputedVectors
+from rag_plugin.indexing.settings import BuildSettings
+from rag_plugin.indexing.vector_sources import DPRVectorFiles, HuggingFaceDataset, require_file
 from rag_plugin.retrieval.knowledge import IMPORTED
 from rag_plugin.util.errors import UserError
 

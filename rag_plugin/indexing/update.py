@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from rag_plugin.build.builder import build_knowledge_source
-from rag_plugin.build.settings import BuildSettings, settings_part
+from rag_plugin.indexing.builder import build_knowledge_source
+from rag_plugin.indexing.settings import BuildSettings, settings_part
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.index import read_index
 from rag_plugin.retrieval.knowledge import MANIFEST, KnowledgeSource
@@ -207,7 +207,7 @@ def _discard_other_finished(final: Path, settings: BuildSettings, log) -> None:
 
 
 def _check_reembedded(current: KnowledgeSource, changes: Changes) -> dict:
-    """A version re-embedded with a trained document tower (rag_plugin/build/reembed.py) can lose passages (its
+    """A version re-embedded with a trained document tower (rag_plugin/indexing/reembed.py) can lose passages (its
     record carried on), not gain any: the tower is not stored with it, the source's own would embed them."""
     carried = {k: current.manifest[k] for k in ("document_tower_sha256", "reembedded_from") if k in current.manifest}
     if carried and (changes.added or changes.replaced):

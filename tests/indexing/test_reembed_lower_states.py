@@ -1,4 +1,4 @@
-"""Re-embedding from cached lower-layer states (``python -m rag_plugin.build.reembed --lower-states DIR``, what the
+"""Re-embedding from cached lower-layer states (``python -m rag_plugin.indexing.reembed --lower-states DIR``, what the
 trainer's re-index runs under --doc-encoder-train-layers): the vectors of the whole tower, with only its top layers
 run; a cache of other frozen weights is a one-line error."""
 import os
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import torch
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
 from rag_plugin.models.context import PassageTokenizer
 from rag_plugin.retrieval.encoders import lower_states as cache
 from rag_plugin.retrieval.knowledge import KnowledgeSource
@@ -19,7 +19,7 @@ N = 90
 
 
 def _module(*args):
-    return subprocess.run([sys.executable, "-m", "rag_plugin.build.reembed", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rag_plugin.indexing.reembed", *map(str, args)], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
 
 

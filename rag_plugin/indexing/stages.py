@@ -1,4 +1,4 @@
-"""The knowledge-source builder's stages other than embedding (see :mod:`rag_plugin.build.builder`
+"""The knowledge-source builder's stages other than embedding (see :mod:`rag_plugin.indexing.builder`
 for their order): the checks before anything is written, the passage store (read, split and
 pre-tokenized once), document vectors made elsewhere, the FAISS index, the generator tokenizer's
 files, and the manifest, written last.
@@ -12,8 +12,8 @@ from typing import Callable, Iterable, List, Optional
 
 import numpy as np
 
-from rag_plugin.build.output_dir import resume_shard_size, shard_path, shards_dir
-from rag_plugin.build.settings import SHARD_SIZE, BuildSettings, passage_files
+from rag_plugin.indexing.output_dir import resume_shard_size, shard_path, shards_dir
+from rag_plugin.indexing.settings import SHARD_SIZE, BuildSettings, passage_files
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import BUILD_DIR, FORMAT, MANIFEST
 from rag_plugin.retrieval.passages import PassageStore, read_collection
@@ -89,7 +89,7 @@ def write_passage_store(out: Path, settings: BuildSettings, collection: Optional
 
 def place_precomputed(precomputed, store: PassageStore, shards: Path, starts: List[int], shard_size: int,
                       todo: List[int], progress: bool, log: Callable[[str], None]) -> None:
-    """Vectors made elsewhere (:class:`~rag_plugin.build.precomputed.PrecomputedVectors`) placed into
+    """Vectors made elsewhere (:class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`) placed into
     the missing shards by passage id; with none missing, their dimension is read off the first."""
     if todo:
         precomputed.write_shards(store, shards, starts, shard_size, shards.parent / "aligned.npy", progress, log)
@@ -102,7 +102,7 @@ def write_index(out: Path, settings: BuildSettings, vectors: np.ndarray, progres
     """``out/index.faiss``: built with ``settings.index_factory``, or ``settings.index_file``
     checked against the vectors and copied. Returns the factory the manifest records."""
     if settings.index_file:
-        from rag_plugin.build.precomputed import use_index_file
+        from rag_plugin.indexing.precomputed import use_index_file
 
         index = use_index_file(settings.index_file, vectors, log)
         index_factory = f"imported {type(faiss_index._faiss().downcast_index(index)).__name__}"

@@ -1,4 +1,4 @@
-"""rag-update-knowledge (rag_plugin/build/update.py): a new version equal to a from-scratch build of the new
+"""rag-update-knowledge (rag_plugin/indexing/update.py): a new version equal to a from-scratch build of the new
 collection, the encoder called once per new or edited passage, deleted passages never returned, readers
 keeping the version they opened, --keep, and the faults (bad changes, another encoder, a second update at
 once, a killed update) leaving the current version untouched."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.build import BuildSettings, build_knowledge_source
-from rag_plugin.build.update import update_knowledge_source
+from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing.update import update_knowledge_source
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
@@ -131,7 +131,7 @@ def test_keep_removes_only_versions_no_process_has_open(tmp_path):
     assert not (root / "manifest.json").exists() and not (root / "passages").exists()
     assert reader_of_2.passages.id(0) == rows[0]["id"]  # still readable
     del reader_of_2
-    from rag_plugin.build.update import remove_old_versions
+    from rag_plugin.indexing.update import remove_old_versions
 
     assert remove_old_versions(root, 1, log=lambda m: None) == [2]
     assert KnowledgeSource(str(root)).version == 3
@@ -178,7 +178,7 @@ KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[2])
 from tests.conftest import HashingEncoder
-from rag_plugin.build.update import update_knowledge_source
+from rag_plugin.indexing.update import update_knowledge_source
 
 class DiesAfterTwoChunks(HashingEncoder):
     calls = 0
