@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from rag_plugin.core.input_format import InputFormat
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ logger = logging.getLogger(__name__)
 TRAINED_DOCUMENT_SIDE = ("dim", "pooling", "vocab_sha256", "passage_format", "lowercase", "max_length")
 
 
-class PassageTokenizer:
+class PassageTokenizer(SharedOnCopy):
     """Passages (titles, texts) -> the document tower's inputs (input_ids, attention_mask, token_type_ids),
     tokenized exactly as the knowledge source's encoder embedded them."""
 
@@ -39,7 +40,7 @@ class PassageTokenizer:
 
 
 @dataclass
-class RetrievalContext:
+class RetrievalContext(SharedOnCopy):
     #: documents per question (K); 0 = closed book
     n_docs: int
     #: the generator input format the knowledge source's passages are pre-tokenized for

@@ -37,6 +37,7 @@ import torch
 from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.retrieval.retriever import Retrieval
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 
 FUSIONS = ("rrf", "weighted")
@@ -139,7 +140,7 @@ def top_k(logits: torch.Tensor, cands: Candidates, k: int) -> Tuple[torch.Tensor
     return logits.gather(1, order), rows
 
 
-class HybridRetriever:
+class HybridRetriever(SharedOnCopy):
     """Dense + BM25 retrieval fused (see the module docstring): a :class:`~rag_plugin.retrieval.retriever.
     Retriever` whose query encoder (the dense side's) a model can train."""
 

@@ -38,6 +38,7 @@ from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.parts import IndexPart, LocalSearch, RowVectors
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.retrieval.shards import ShardEntry, check_shard_files, read_entries
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def refuse_pickles(directory: Path) -> None:
                                 "else rebuild it with rag-build-knowledge")
 
 
-class KnowledgeSource:
+class KnowledgeSource(SharedOnCopy):
     """A loaded, verified knowledge source (see the module docstring for the layout)."""
 
     def __init__(self, directory: str, index_mode: str = faiss_index.SHARED, version: Optional[int] = None):

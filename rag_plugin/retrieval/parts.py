@@ -15,12 +15,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from rag_plugin.retrieval import index as faiss_index
+from rag_plugin.retrieval.shared import SharedOnCopy
 
 #: A place a search could not fill (FAISS's row -1, or a shard smaller than k)
 NO_ROW = -1
 
 
-class IndexPart:
+class IndexPart(SharedOnCopy):
     """A FAISS index over the collection's rows [start, start + ntotal), with their stored vectors."""
 
     def __init__(self, index, vectors: np.ndarray, start: int, how: str, name: str):
@@ -71,7 +72,7 @@ def step_threads(parts: Sequence[IndexPart], n_queries: int, compute_threads: Op
     return faiss_index.step_search_threads(largest.index, n_queries, compute_threads)
 
 
-class LocalSearch:
+class LocalSearch(SharedOnCopy):
     """Exact top-k over the parts this process holds (all of the collection's, for a single process)."""
 
     def __init__(self, parts: List[IndexPart], count: int, dim: int, nprobe: Optional[int] = None):
@@ -106,7 +107,7 @@ class LocalSearch:
         return out.reshape(*np.shape(rows), self.dim)
 
 
-class RowVectors:
+class RowVectors(SharedOnCopy):
     """The stored vectors of a sharded source, indexed by collection row like the ``vectors.npy`` of an
     unsharded one (``vectors[rows]`` for an int array or a slice); each shard's file opened when first read."""
 

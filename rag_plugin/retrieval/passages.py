@@ -19,6 +19,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import READ_ERRORS, atomic_directory, atomic_write_json, iter_jsonl, unreadable_file_error
 
@@ -254,7 +255,7 @@ class _RaggedReader:
 
 
 # ---------------------------------------------------------------------------------- the store
-class PassageStore:
+class PassageStore(SharedOnCopy):
     """Random access by row to passage ids, titles, texts and generator token ids."""
 
     def __init__(self, directory: str):

@@ -18,6 +18,7 @@ import numpy as np
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 
 
@@ -68,7 +69,7 @@ def _check_k(k: int, n: int) -> None:
                         fix=f"ask for at most {n}")
 
 
-class DenseRetriever:
+class DenseRetriever(SharedOnCopy):
     """MIPS over a knowledge source with a (query) encoder.
 
     ``searcher``: what searches the index: by default this process searches every shard itself
@@ -129,7 +130,7 @@ class DenseRetriever:
         return out.reshape(*np.shape(rows), self.knowledge.dim)
 
 
-class BM25Retriever:
+class BM25Retriever(SharedOnCopy):
     """BM25 (Lucene variant, k1=1.5, b=0.75) over titles and texts of a passage store."""
 
     trainable = False

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_write_text
 
@@ -83,7 +84,7 @@ def switch_to(root: Path, version: int) -> None:
     atomic_write_text(Path(root) / CURRENT, f"{int(version)}\n")
 
 
-class InUse:
+class InUse(SharedOnCopy):
     """A shared lock on a version's manifest, held while a reader has the version open."""
 
     def __init__(self, directory: Path):

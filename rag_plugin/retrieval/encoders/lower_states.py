@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256
+from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def find(root: os.PathLike, state: dict, store_sha256: str) -> Optional[LowerSta
     return None
 
 
-class LowerStates:
+class LowerStates(SharedOnCopy):
     """A complete cache, memory-mapped; :meth:`gather` hands the states of some rows to the trainable layers."""
 
     def __init__(self, directory: os.PathLike):
