@@ -40,9 +40,14 @@ class AddsRetrieverLoss:
 
     def with_retriever_loss(self, loss: torch.Tensor, retriever: torch.Tensor, sample_size, nsentences: int):
         """``loss`` + weight x ``retriever`` x sample_size / nsentences from --retriever-loss-start on (before, the
-        retriever loss is only logged): fairseq divides by sample_size, so its mean per question enters."""
+        retriever loss is only logged): fairseq divides by sample_size, so its mean per question enters.
+
+        Before the start it joins with weight 0: the parts only it trains (FiD's query encoder) get a zero
+        gradient rather than none, as in every step. torch's DistributedDataParallel (``--ddp-backend
+        pytorch_ddp``, ``find_unused_parameters=False``) stops at the next update on a parameter without one,
+        and fairseq's ``legacy_ddp`` fills zeros in anyway: the optimizer sees the same gradients either way."""
         if self.update_num < self.retriever_loss_start:
-            return loss
+            return loss + retriever * 0.0
         return loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
 
 

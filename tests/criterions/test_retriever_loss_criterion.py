@@ -234,3 +234,39 @@ def test_retriever_loss_start_trains_the_reader_alone_before_it(tiny_world):
     assert seen == [5]
     with pytest.raises(UserError, match="--retriever-loss-start"):
         _task(tiny_world, retriever_loss="pdist", retriever_loss_start=-1)
+
+
+def test_before_retriever_loss_start_the_query_encoder_gets_a_zero_gradient(tiny_world):
+    """FiD + adist + --retriever-loss-start 2: before update 2 the loss trained is the reader's cross-entropy alone,
+    and every trainable query-encoder parameter still gets a gradient, all zeros (torch DDP with
+    find_unused_parameters=False stops on a parameter without one); from update 2 on it is the adist term's."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from rag_plugin.criterions.reader_cross_entropy import ReaderCrossEntropyCriterion
+    from rag_plugin.models.fid import FidConfig, FidModel
+
+    task = _task(tiny_world, retriever_loss="adist", retriever_loss_start=2)
+    torch.manual_seed(0)
+    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=1.0), task)
+    model.train()
+    sample = _batch(task)
+    crit = ReaderCrossEntropyCriterion(task, sentence_avg=False)
+    plain = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.0)
+    trainable = [p for p in model.query_encoder.parameters() if p.requires_grad]
+    assert trainable
+    for update, joined in ((0, False), (1, False), (2, True)):
+        crit.set_update(update)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(update)  # the query encoder's dropout: the same masks in both forwards
+        loss, _, log = crit(model, sample)
+        loss.backward()
+        assert all(p.grad is not None for p in trainable), update
+        moved = sum(float(p.grad.abs().sum()) for p in trainable)
+        torch.manual_seed(update)
+        with torch.no_grad():
+            ce, _, _ = plain(model, sample)
+        if joined:
+            assert moved > 0 and float(loss) > float(ce) + 1e-6
+        else:
+            assert moved == 0.0
+            assert float(loss) == pytest.approx(float(ce), rel=1e-6) and float(log["retriever_loss"]) > 0
