@@ -52,7 +52,7 @@ def install() -> bool:
                        "(errors come as fairseq's tracebacks)", " / ".join(SUPPORTED_FAIRSEQ), version)
         return False
     from rag_plugin.fairseq_hooks.checkpoints import allow_fairseq_checkpoints, guard_fairseq_checkpoints
-    from rag_plugin.fairseq_hooks.distributed import bound_collective_waits
+    from rag_plugin.fairseq_hooks.distributed import bound_collective_waits, torch_ddp_on_cpu
     from rag_plugin.fairseq_hooks.excepthook import install_excepthook
     from rag_plugin.fairseq_hooks.generate_output import install_generate_output
     from rag_plugin.fairseq_hooks.noise import quiet_dependency_noise
@@ -63,6 +63,7 @@ def install() -> bool:
     allow_fairseq_checkpoints()
     guard_fairseq_checkpoints()
     bound_collective_waits()
+    torch_ddp_on_cpu()
     install_excepthook()
     install_fairseq_usage_errors()
     install_full_help()

@@ -11,6 +11,12 @@ close) is noticed at the next collective without waiting for any timeout.
 
 Choose N above the longest time one rank may legitimately make the others wait (a validation
 pass, writing a checkpoint).
+
+``--ddp-backend pytorch_ddp`` (``c10d``) on the CPU: fairseq hands torch's DistributedDataParallel
+``device_ids=[device_id]`` whatever the device, which torch refuses for a module on the CPU ("device_ids
+and output_device arguments only work with single-device/multiple-device GPU modules"). With the plugin
+loaded, a module on the CPU is wrapped without them (what torch asks for a CPU module); on a GPU nothing
+changes. So ``--cpu --ddp-backend pytorch_ddp`` trains with torch's DDP (gloo), as on GPUs with NCCL.
 """
 import datetime
 import functools
@@ -53,3 +59,30 @@ def bound_collective_waits() -> None:
 
     distributed_init._rag_plugin = True
     distributed_utils.distributed_init = distributed_init
+
+
+def _ddp_for_module(ddp_class):
+    """``ddp_class`` (torch's DistributedDataParallel) as fairseq calls it, with ``device_ids`` and
+    ``output_device`` left out for a module whose parameters are all on the CPU."""
+
+    @functools.wraps(ddp_class)
+    def create(module, *args, **kwargs):
+        devices = {p.device.type for p in module.parameters()}
+        if devices == {"cpu"}:
+            kwargs.pop("device_ids", None)
+            kwargs.pop("output_device", None)
+        return ddp_class(module, *args, **kwargs)
+
+    create._rag_plugin_plain = ddp_class
+    return create
+
+
+def torch_ddp_on_cpu() -> None:
+    """Let fairseq wrap a CPU model in torch's DistributedDataParallel (``--cpu --ddp-backend pytorch_ddp``).
+    Idempotent."""
+    from fairseq.models import distributed_fairseq_model as wrapping
+
+    current = wrapping.DistributedDataParallel
+    if getattr(current, "_rag_plugin_plain", None) is not None:
+        return
+    wrapping.DistributedDataParallel = _ddp_for_module(current)

@@ -9,8 +9,12 @@ Per batch of B questions, K documents (L >= K candidates with ``--rerank-top L``
     keep the top K by these scores (--rerank-top; else L = K and the index's order is kept)
 
 The index only chooses which rows are candidates; their scores (hence p(z|x)) come from the current towers, so
-the marginal NLL trains the document encoder too. Passages are tokenized exactly as the knowledge source embedded
-them (its encoder's tokenizer and passage format, handed over by the task as ``context.passage_tokenizer``).
+the marginal NLL trains the document encoder too. With L > K the L candidates are scored without a graph and only
+the K kept are encoded again with one (the gradient reaches only them); the rows go through the tower
+``--doc-encoder-chunk`` at a time, under activation checkpointing when a step has more (:func:`document_vectors`), so
+the memory of a step's document side is bounded whatever ``--rerank-top`` and the batch. Passages are tokenized
+exactly as the knowledge source embedded them (its encoder's tokenizer and passage format, handed over by the task
+as ``context.passage_tokenizer``).
 
 The document tower's learning rate is scaled as the query encoder's (``--query-encoder-lr-scale``), by the same
 reparametrisation: its checkpoint keys are ``doc_encoder.*...parametrizations.weight.original`` = weight / scale.
@@ -23,12 +27,14 @@ two differ (:func:`check_document_agreement`); in training the index is expected
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import types
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval.encoders import lower_states as lower_cache
@@ -42,6 +48,9 @@ _MARKER = ".parametrizations."
 _ORIGINAL = ".original"
 #: ``KS/.lower_states``: the caches of frozen lower layers (``--doc-encoder-train-layers``)
 LOWER_STATES_DIR = lower_cache.DIR_NAME
+#: distinct retrieved rows per forward of the document tower (``--doc-encoder-chunk``'s default; see
+#: :func:`document_vectors`)
+DEFAULT_CHUNK = 64
 
 
 # ---------------------------------------------------------------------------------- options
@@ -64,6 +73,10 @@ def check_options(cfg, task_cfg, variant: str, knowledge=None) -> None:
     if layers < 0:
         raise UserError(f"--doc-encoder-train-layers {layers} is negative",
                         fix="give the number of top layers to train, or 0 (the whole tower)")
+    chunk = chunk_size(cfg)
+    if chunk < 0:
+        raise UserError(f"--doc-encoder-chunk {chunk} is negative", fix=f"give the passages per forward of the "
+                        f"document encoder (default {DEFAULT_CHUNK}), or 0 (all of a step's in one batch)")
     if layers and share:
         raise UserError("--doc-encoder-train-layers with --share-encoder-towers: the one tower's lower layers learn "
                         "as the query encoder, so they cannot be frozen and cached", fix="leave one of the two out")
@@ -92,6 +105,11 @@ def check_options(cfg, task_cfg, variant: str, knowledge=None) -> None:
         raise UserError("--train-doc-encoder starts from the knowledge source's document encoder, and its vectors "
                         "were imported from an unknown one", path=str(getattr(knowledge, "directory", "")) or None,
                         fix="build the knowledge source with rag-build-knowledge (a known encoder) to train it")
+
+
+def chunk_size(cfg) -> int:
+    """``--doc-encoder-chunk`` (a checkpoint's config from before the option: the default)."""
+    return int(getattr(cfg, "doc_encoder_chunk", DEFAULT_CHUNK))
 
 
 def build_doc_encoder(cfg, task, query_encoder) -> Optional[torch.nn.Module]:
@@ -143,36 +161,72 @@ def lower_states_of(model):
 
 # ---------------------------------------------------------------------------------- scores
 def document_vectors(doc_encoder: torch.nn.Module, rows: torch.Tensor, store, tokenize, device,
-                     lower=None) -> torch.Tensor:
+                     lower=None, chunk: int = 0) -> torch.Tensor:
     """The current document encoder's vectors of ``rows`` (Long[B, L]): [B, L, D], each distinct row encoded once
     from the passage store's title and text, or, given ``lower`` (:class:`LowerStates`), from its cached states of
-    the frozen lower layers."""
+    the frozen lower layers.
+
+    ``chunk`` > 0 (``--doc-encoder-chunk``): the distinct rows go through the tower ``chunk`` at a time. When that
+    makes more than one chunk and gradients are recorded, each chunk runs under activation checkpointing
+    (:func:`torch.utils.checkpoint.checkpoint`, non-reentrant): only its inputs and its [chunk, D] vectors are kept,
+    and its activations are computed again (same dropout masks: the RNG state is replayed) when the backward
+    reaches it, so the tower's activations alive at once are one chunk's whatever ``--rerank-top``, for one more
+    forward of the tower. Without gradients (evaluation, generation) the chunks only bound the batch. ``chunk`` 0:
+    one batch, no checkpointing."""
     unique, inverse = torch.unique(rows, return_inverse=True)
     ids = unique.tolist()
+    size = chunk if chunk > 0 else max(len(ids), 1)
+    checkpointed = (len(ids) > size and torch.is_grad_enabled()
+                    and any(p.requires_grad for p in doc_encoder.parameters()))
+    parts = [_encode_chunk(doc_encoder, ids[start:start + size], store, tokenize, device, lower, checkpointed)
+             for start in range(0, len(ids), size)]
+    vectors = parts[0] if len(parts) == 1 else torch.cat(parts)  # [U, D]
+    return vectors[inverse.to(device)]                            # [B, L, D]
+
+
+def _encode_chunk(doc_encoder, ids, store, tokenize, device, lower, checkpointed: bool) -> torch.Tensor:
+    """[len(ids), D]: the tower on these distinct rows (from the lower-layer cache given one)."""
     if lower is not None:
         hidden, mask = lower.gather(ids)
         dtype = next(doc_encoder.parameters()).dtype  # the cache is float32 whatever the model's
-        vectors = doc_encoder.forward_from(hidden.to(device=device, dtype=dtype), mask.to(device), lower.layers)
+        inputs = (hidden.to(device=device, dtype=dtype), mask.to(device))
+        run = functools.partial(_from_lower, doc_encoder, lower.layers)
     else:
-        inputs = tokenize([store.title(r) for r in ids], [store.text(r) for r in ids])
-        vectors = doc_encoder(*(t.to(device) for t in inputs))       # [U, D]
-    return vectors[inverse.to(device)]                            # [B, L, D]
+        inputs = tuple(t.to(device) for t in tokenize([store.title(r) for r in ids], [store.text(r) for r in ids]))
+        run = doc_encoder
+    if checkpointed:  # the inputs are on ``device``: the checkpoint saves and replays that device's RNG too
+        return checkpoint(run, *inputs, use_reentrant=False)
+    return run(*inputs)
+
+
+def _from_lower(doc_encoder, layers: int, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return doc_encoder.forward_from(hidden, mask, layers)
 
 
 def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(scores [B, K], rows Long[B, K]): the index's top L = max(K, --rerank-top) rows for ``q`` [B, D], scored
-    with the model's current document encoder (differentiable in both towers while training), the top K kept."""
+    with the model's current document encoder (differentiable in both towers while training), the top K kept.
+
+    While training with L > K the L candidates are scored without a graph, and only the K kept rows are encoded
+    again with one: the top-K values are all the gradient reaches, so it is the same gradient as through the
+    whole [B, L] graph, with the activations and the backward of K rows per question instead of L."""
     top = max(k, int(model.cfg.rerank_top))
     found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), top,
                                            compute_threads=torch.get_num_threads())
     rows = torch.from_numpy(found.rows)
-    with torch.set_grad_enabled(model.training and torch.is_grad_enabled()):
-        d = document_vectors(model.doc_encoder, rows, model.retriever.store, model.context.passage_tokenizer,
-                             q.device, lower_states_of(model))
-        scores = inner_products(d, q, model.doc_score_scale)  # [B, L], float32 whatever the model's precision
+    grad = model.training and torch.is_grad_enabled()
+    encode = functools.partial(document_vectors, model.doc_encoder, store=model.retriever.store,
+                               tokenize=model.context.passage_tokenizer, device=q.device,
+                               lower=lower_states_of(model), chunk=chunk_size(model.cfg))
     if top > k:
+        with torch.no_grad():
+            scores = inner_products(encode(rows), q, model.doc_score_scale)  # [B, L]
         best = scores.topk(k, dim=1)
-        return best.values, rows.gather(1, best.indices.cpu())
+        rows = rows.gather(1, best.indices.cpu())
+        if not grad:
+            return best.values, rows
+    with torch.set_grad_enabled(grad):
+        scores = inner_products(encode(rows), q, model.doc_score_scale)  # [B, K], float32 whatever the precision
     return scores, rows
 
 

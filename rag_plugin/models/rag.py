@@ -108,6 +108,11 @@ class RagConfig(FairseqDataclass):
     rerank_top: int = field(default=0, metadata={
         "help": "with --train-doc-encoder: take this many (L >= --n-docs) candidates from the index, re-score them "
                 "with the current encoders and keep the top --n-docs (Atlas); 0 = no re-ranking"})
+    doc_encoder_chunk: int = field(default=doc_side.DEFAULT_CHUNK, metadata={
+        "help": "with --train-doc-encoder: a step's distinct retrieved passages go through the document encoder "
+                "this many at a time; a step with more trains them under activation checkpointing (one chunk's "
+                "activations alive at once whatever --rerank-top, for one more forward of the tower). 0 = all in "
+                "one batch"})
     doc_encoder_train_layers: int = field(default=0, metadata={
         "help": "with --train-doc-encoder: train only the document encoder's top N layers; its embeddings and lower "
                 "layers stay frozen and run once per passage (cached under the knowledge source): ~layers/N x cheaper "

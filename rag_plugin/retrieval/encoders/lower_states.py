@@ -16,11 +16,16 @@ On disk, ``DIR/`` (written under ``DIR.partial`` and renamed: a half-built cache
 ``DIR`` is named by :func:`cache_key`: the frozen weights' hash, M, and the passage store's content hash, so a
 cache of other weights or other passages is never read. Builders of the same cache (several ranks) take turns on
 ``DIR.lock`` (flock): the first builds it, the others find it complete.
+
+The cache takes tokens x hidden x 4 bytes (BERT-base, ~150 tokens per 100-word passage: ~460 KB a passage, ~10 TB
+for Wikipedia's 21M). Before building, :func:`check_disk` holds that (estimated from a sample of the passages, then
+exactly once they are tokenized) against the free space of the disk it goes on: a one-line error with the figures.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -42,6 +47,10 @@ META = "meta.json"
 DIR_NAME = ".lower_states"
 #: passages per forward while building
 BATCH = 64
+#: the free disk a cache must leave beside itself (checkpoints, logs): this fraction of its size, and these bytes
+HEADROOM_FRACTION, HEADROOM_BYTES = 0.10, 256 * 2 ** 20
+#: passages tokenized to estimate a large store's tokens before tokenizing all of it
+SAMPLE = 1000
 
 
 def frozen_part(state: dict, layers: int) -> dict:
@@ -162,19 +171,60 @@ def _note_other_caches(root: Path, built: Path) -> None:
                        "(rm -r DIR)", len(others), root, size, ", ".join(p.name for p, _ in others))
 
 
+def cache_bytes(count: int, tokens: int, hidden_size: int) -> int:
+    """The size of a cache of ``count`` passages, ``tokens`` in all: float32 states and int64 offsets."""
+    return int(tokens) * int(hidden_size) * 4 + (int(count) + 1) * 8
+
+
+def check_disk(directory: Path, count: int, tokens: int, hidden_size: int, estimated: bool = False) -> None:
+    """A one-line error unless the filesystem of ``directory`` has room for the cache with headroom (its
+    :data:`HEADROOM_FRACTION` and :data:`HEADROOM_BYTES`): a cache written past a full disk would end the
+    process mid-build (its states are a memory-mapped file)."""
+    need = cache_bytes(count, tokens, hidden_size)
+    free = shutil.disk_usage(directory).free
+    if free >= need * (1 + HEADROOM_FRACTION) + HEADROOM_BYTES:
+        return
+    per = f"{'~' if estimated else ''}{tokens / max(count, 1):.0f}"
+    raise UserError(f"the lower-layer cache of --doc-encoder-train-layers needs {_gb(need)} ({count:,} passages x "
+                    f"{per} tokens x hidden size {hidden_size} x 4 bytes, plus {HEADROOM_FRACTION:.0%} headroom) but "
+                    f"its disk has {_gb(free)} free", path=str(directory),
+                    fix="train the whole document tower (--doc-encoder-train-layers 0: no cache; fewer trained "
+                        "layers do not shrink it, it holds the frozen layers' output for every token), or free disk "
+                        "or put the knowledge source on a larger disk")
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.2f} GB" if n < 1e10 else f"{n / 1e9:,.0f} GB"
+
+
+def _estimated_tokens(store, tokenize, count: int) -> int:
+    """The tokens of all ``count`` passages, from the mean of :data:`SAMPLE` spread over the store (its first ones
+    for a store without row access)."""
+    if hasattr(store, "title") and hasattr(store, "text"):
+        rows = np.unique(np.linspace(0, count - 1, SAMPLE).round().astype(np.int64)).tolist()
+        ids = tokenize([store.title(r) for r in rows], [store.text(r) for r in rows])
+    else:
+        titles, texts = zip(*itertools.islice(store.iter_titles_texts(), SAMPLE))
+        ids = tokenize(list(titles), list(texts))
+    return round(count * sum(len(x) for x in ids) / len(ids))
+
+
 def _build(tower, layers, key, store, tokenize, collate, directory: Path, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     partial = directory.with_suffix(".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
+    shutil.rmtree(partial, ignore_errors=True)  # a build that died: its space is free for this one
     count = len(store)
+    hidden_size = int(tower.bert_model.config.hidden_size)
+    if count > SAMPLE:  # before tokenizing the whole store (minutes at scale)
+        check_disk(directory.parent, count, _estimated_tokens(store, tokenize, count), hidden_size, estimated=True)
     titles, texts = zip(*store.iter_titles_texts()) if count else ((), ())
     ids = tokenize(list(titles), list(texts))
     offsets = np.zeros(count + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in ids])
+    check_disk(directory.parent, count, int(offsets[-1]), hidden_size)
+    partial.mkdir()
     param = next(tower.parameters())
-    hidden_size = int(tower.bert_model.config.hidden_size)
     states = np.lib.format.open_memmap(partial / "states.npy", mode="w+", dtype=np.float32,
                                        shape=(int(offsets[-1]), hidden_size))
     order = sorted(range(count), key=lambda r: -len(ids[r]))  # little padding per batch
