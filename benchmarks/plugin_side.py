@@ -185,10 +185,12 @@ class PluginSide:
         return step
 
     # ------------------------------------------------------------------ generation
-    def generator_fn(self, model, mode: str):
+    def generator_fn(self, model, mode: str, device: str = "cpu"):
         """A closure generating for batch i: mode token_greedy | token_beam4 | seq_thorough | seq_fast |
         seq_thorough_all (Thorough that teacher-forces every (hypothesis, document) pair, also those
-        whose scores the document's beam already holds: transformers' amount of rescoring)."""
+        whose scores the document's beam already holds: transformers' amount of rescoring). The model
+        and the batches are moved to ``device``."""
+        from fairseq import utils
         from fairseq.dataclass.configs import GenerationConfig
 
         beam = 1 if mode == "token_greedy" else 4
@@ -198,8 +200,8 @@ class PluginSide:
                                                                         min_len=n - 1))
         if mode == "seq_thorough_all":
             generator.reuse_beam_scores = False
-        model.eval()
-        batches = self.batches[8]
+        model.eval().to(device)
+        batches = [utils.apply_to_sample(lambda t: t.to(device), b) for b in self.batches[8]]
 
         def run(i: int):
             return generator.generate([model], batches[i % len(batches)])

@@ -158,12 +158,13 @@ class ReferenceSide:
         step.model = model
         return step
 
-    def generator_fn(self, model, mode: str):
-        """mode: token_greedy | token_beam4 | seq_thorough (transformers' only RAG-Sequence decoding)."""
-        model.eval()
+    def generator_fn(self, model, mode: str, device: str = "cpu"):
+        """mode: token_greedy | token_beam4 | seq_thorough (transformers' only RAG-Sequence decoding); the model and
+        the batches are moved to ``device``."""
+        model.eval().to(device)
         beams = 1 if mode == "token_greedy" else 4
         n = SPEC["new_tokens"]
-        batches = self.batches[8]
+        batches = [{k: v.to(device) for k, v in b.items()} for b in self.batches[8]]
 
         def run(i: int):
             b = batches[i % len(batches)]
