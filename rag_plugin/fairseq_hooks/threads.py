@@ -5,16 +5,16 @@ ranks, or other jobs) then oversubscribe the cores, and on a busy 2-core machine
 ran 3x slower with 2 threads than with ``OMP_NUM_THREADS=1`` (issue 25). Without
 ``OMP_NUM_THREADS``, each process gets the cores it may run on divided by the processes torchrun
 started on the node (``LOCAL_WORLD_SIZE``), and the choice is logged, with a hint when the
-machine's load is already above its cores.
+machine's load is already above its cores. (The FAISS threads of a step: :mod:`rag_plugin.retrieval.threads`.)
 """
 import logging
 import os
 
+from rag_plugin.retrieval.threads import local_processes, threads_per_process, usable_cores
+
 logger = logging.getLogger(__name__)
 
-
-def threads_per_process(cores: int, local_processes: int) -> int:
-    return max(1, cores // max(1, local_processes))
+__all__ = ["choose_threads", "threads_per_process"]
 
 
 def choose_threads() -> int:
@@ -24,8 +24,7 @@ def choose_threads() -> int:
     if os.environ.get("OMP_NUM_THREADS"):
         logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
         return torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    cores, local = usable_cores(), local_processes()
     n = threads_per_process(cores, local)
     torch.set_num_threads(n)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0

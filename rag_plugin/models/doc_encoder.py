@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval.encoders import lower_states as lower_cache
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
+from rag_plugin.retrieval.threads import faiss_thread_budget
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, to
     whole [B, L] graph, with the activations and the backward of K rows per question instead of L."""
     top = max(k, int(model.cfg.rerank_top))
     found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), top,
-                                           compute_threads=torch.get_num_threads())
+                                           compute_threads=faiss_thread_budget(q.device))
     rows = torch.from_numpy(found.rows)
     grad = model.training and torch.is_grad_enabled()
     encode = functools.partial(document_vectors, model.doc_encoder, store=model.retriever.store,

@@ -30,6 +30,7 @@ from rag_plugin.core.scores import inner_products
 from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
+from rag_plugin.retrieval.threads import faiss_thread_budget
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ class RagModel(BaseFairseqModel):
         if self.doc_encoder is not None:  # --train-doc-encoder: the current document encoder scores the rows
             return doc_side.rescored_retrieval(self, q, n_docs)
         found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs,
-                                              compute_threads=torch.get_num_threads(), with_vectors=True)
+                                              compute_threads=faiss_thread_budget(q.device), with_vectors=True)
         rows = torch.from_numpy(found.rows)
         d = torch.from_numpy(found.vectors).to(q.device)  # [B, K, D] float32, frozen
         return inner_products(d, q, self.doc_score_scale), rows  # [B, K] float32 under --fp16/--amp too
@@ -316,7 +317,7 @@ class RagModel(BaseFairseqModel):
         with torch.set_grad_enabled(grad):
             q = self.query_encoder(query_tokens, query_mask).float()                  # [B, D]
             logits, rows = self.retriever.fuse(q, bm25_rows.cpu().numpy(), bm25_scores.cpu().numpy(), n_docs,
-                                               self.doc_score_scale, compute_threads=torch.get_num_threads())
+                                               self.doc_score_scale, compute_threads=faiss_thread_budget(q.device))
         return logits, torch.from_numpy(rows)
 
     def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]):

@@ -192,8 +192,10 @@ def step_search_threads(index, n_queries: int, compute_threads: int) -> int:
 
     FAISS and torch each bring their own OpenMP runtime, whose threads spin for a while after
     every parallel region: on the cores torch is using, FAISS's threads only slow torch down.
-    A small search runs on one thread; a large one on at most torch's thread count (and at
-    most one thread per query, FAISS's unit of parallelism).
+    A small search runs on one thread; a large one on at most ``compute_threads``, the process's
+    budget (:func:`rag_plugin.retrieval.threads.faiss_thread_budget`: torch's threads with the
+    model on the CPU, the cores per local process with it on a GPU), and at most one thread per
+    query, FAISS's unit of parallelism.
     """
     if n_queries * index.ntotal * index.d < SMALL_SEARCH:
         return 1
