@@ -28,6 +28,19 @@ from rag_plugin.retrieval.parts import NO_ROW, IndexPart, LocalSearch, merge_top
 from rag_plugin.retrieval.shards import query_slice
 
 
+def collective_device(backend: str):
+    """Where the tensors of a collective over ``backend`` live: NCCL moves CUDA tensors only, and each rank's must be
+    on its own GPU, the one fairseq set for it (``torch.cuda.current_device()``; not ``cuda:0``, nor ``LOCAL_RANK``'s,
+    which fairseq's own launcher and SLURM never set); gloo (and the others) CPU tensors."""
+    import torch
+
+    if str(backend).lower() == "nccl":
+        from rag_plugin.util.devices import current_cuda_device
+
+        return current_cuda_device()
+    return torch.device("cpu")
+
+
 class CollectiveSearch:
     """Exact top-k over shards held across a process group; every rank must call :meth:`search` together."""
 
@@ -41,8 +54,7 @@ class CollectiveSearch:
         self.count, self.dim, self.nprobe = int(count), int(dim), nprobe
         self.local = LocalSearch(list(held.values()), count, dim, nprobe)
         self.parts = self.local.parts
-        backend = dist.get_backend(group)
-        self.device = "cuda" if backend == "nccl" else "cpu"
+        self.device = collective_device(dist.get_backend(group))
 
     def search(self, queries: np.ndarray, k: int, threads: Optional[int] = None,
                compute_threads: Optional[int] = None, with_vectors: bool = False):

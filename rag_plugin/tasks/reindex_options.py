@@ -16,10 +16,17 @@ class ReindexConfig(FairseqDataclass):
     reindex_threads: int = field(
         default=1, metadata={"help": "torch/FAISS threads of each rank's re-index process (it runs beside training "
                                      "at a lower priority: keep this small enough not to starve the trainer)"})
+    reindex_switch_after: int = field(
+        default=0, metadata={"help": "switch every rank to the re-indexed version exactly M updates after its "
+                                     "re-index started, never earlier (a version that landed sooner waits), waiting "
+                                     "there for one that has not landed: the same seed then trains on the same "
+                                     "versions at the same updates on a fast or a slow machine (the next re-index "
+                                     "starts at the first multiple of --reindex-every from the switch); 0 = switch "
+                                     "at whatever update the re-index lands"})
     reindex_device: str = field(
-        default="cpu", metadata={"help": "where the re-index processes run the document tower: cpu, or cuda (each "
-                                         "rank's own GPU, LOCAL_RANK's: a second copy of the tower and a batch beside "
-                                         "training)"})
+        default="cpu", metadata={"help": "where the re-index processes run the document tower: cpu, cuda (each "
+                                         "rank's own GPU, the one its model is on: a second copy of the tower and a "
+                                         "batch beside training) or cuda:N"})
     reindex_batch_size: int = field(default=64, metadata={"help": "encoder batch size of the re-index processes"})
     reindex_wait_minutes: float = field(
         default=120.0, metadata={"help": "how long rank 0's re-index process waits for the other ranks' embedding "

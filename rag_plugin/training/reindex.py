@@ -13,6 +13,15 @@ torch.distributed is initialised) on the newest version every one of them sees a
 running anywhere; a newer version is opened by every rank at that same step and the model's retriever follows
 (:func:`switch_model_retriever`). A re-index that fails is one warning line naming its log; training goes on,
 and the next one tries again. At exit a running re-index is stopped (its partial version stays partial).
+
+That switch comes at whatever update the re-index lands, so a faster or slower machine trains on other versions
+at other steps. ``--reindex-switch-after M`` makes it reproducible: the re-index started at update u is switched
+in at update u + M exactly, by every rank, never earlier (a version that landed sooner waits), and the trainer
+waits for it there if it has not landed (a logged wait; a failed re-index ends the wait, without a switch, on
+every rank together); the next re-index starts at the first multiple of N at or after the switch.
+
+``--reindex-device cuda`` runs each rank's re-index on that rank's own GPU: the one its model is on, else the one
+fairseq selected for it (:func:`rag_plugin.util.devices.current_cuda_device`), whatever the launcher.
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ from typing import Callable, Optional
 
 from rag_plugin.indexing.reembed import CHUNK_SIZE, REINDEX_DIR, chunk_dir, save_tower_state
 from rag_plugin.retrieval import versions
+from rag_plugin.util.devices import current_cuda_device, model_device
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -65,6 +75,10 @@ def check_options(task, model) -> None:
     if cfg.reindex_every < 0 or cfg.reindex_threads < 1:
         raise UserError(f"--reindex-every must be 0 or more and --reindex-threads 1 or more, got "
                         f"{cfg.reindex_every} and {cfg.reindex_threads}", fix="e.g. --reindex-every 500")
+    if switch_after(cfg) < 0:
+        raise UserError(f"--reindex-switch-after must be 0 (switch when the re-index lands) or more, got "
+                        f"{cfg.reindex_switch_after}", fix="e.g. --reindex-switch-after 100")
+    _check_device(cfg)
     if not getattr(unwrapped(model).cfg, "train_doc_encoder", False):
         raise UserError("--reindex-every re-embeds the passages with the document encoder being trained: it needs "
                         "--train-doc-encoder (an unchanged encoder would write the same vectors again)",
@@ -76,6 +90,21 @@ def check_options(task, model) -> None:
         raise UserError("--reindex-every: this knowledge source's vectors were imported; its document encoder "
                         "cannot re-embed them", path=str(task.knowledge.directory),
                         fix="rebuild it with rag-build-knowledge, or leave out --reindex-every")
+
+
+def switch_after(cfg) -> int:
+    """``--reindex-switch-after`` (0: switch when the re-index lands)."""
+    return int(getattr(cfg, "reindex_switch_after", 0) or 0)
+
+
+def _check_device(cfg) -> None:
+    """``--reindex-device``: cpu, cuda or cuda:N, where the machine has it."""
+    from rag_plugin.util.devices import resolve_device
+
+    device = str(getattr(cfg, "reindex_device", "cpu") or "cpu")
+    if device.strip().lower() == "auto":
+        raise UserError("--reindex-device auto: say where the re-index runs", fix="use cpu, cuda or cuda:N")
+    resolve_device(device, "--reindex-device")
 
 
 def reindexer(task, model) -> "Reindexer":
@@ -102,17 +131,28 @@ class Reindexer:
             self.group = dist.new_group(backend="gloo")  # every rank makes it at its first step
         self.proc: Optional[subprocess.Popen] = None
         self.started_update, self.started_at, self.log_file = -1, 0.0, None
+        self.started_version = 0  # the version the running (or last) re-index embeds again
+        self.pending = False  # --reindex-switch-after: a re-index started and not switched in yet
+        self.failed = False  # this rank's process of the last re-index exited with an error
         self._libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ each step
     def step(self, task, model, update_num: int) -> None:
         """Before the step ``update_num``: note a finished re-index, switch to a newer version every rank sees,
-        start a re-index at a multiple of ``--reindex-every`` if none is running anywhere."""
+        start a re-index at a multiple of ``--reindex-every`` if none is running anywhere. With
+        ``--reindex-switch-after M``: the switch comes at the update the re-index started + M, and a new one starts
+        only once the last one is switched in."""
         self._poll(task)
-        seen, running = self._agree(self._seen(task), self.proc is not None)
-        if seen > task.knowledge.version:
-            self._switch(task, model, seen, update_num)
+        after = switch_after(self.cfg)
+        if after:
+            if self.pending and update_num >= self.started_update + after:
+                self._switch_when_landed(task, model, update_num)
+            running = self.pending
+        else:
+            seen, running = self._agree(self._seen(task), self.proc is not None)
+            if seen > task.knowledge.version:
+                self._switch(task, model, seen, update_num)
         every = self.cfg.reindex_every
         if update_num > 0 and update_num % every == 0 and update_num != self.started_update and not running:
             self._start(task, model, update_num)
@@ -134,6 +174,32 @@ class Reindexer:
         both = torch.tensor([seen, -int(running)], dtype=torch.long)
         dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.group)
         return int(both[0]), bool(-int(both[1]))
+
+    def _switch_when_landed(self, task, model, update_num: int) -> None:
+        """``--reindex-switch-after``: switch to the version the pending re-index writes, every rank at this update;
+        wait for it until it has landed for every rank (or failed on one: then no switch)."""
+        target, waited, t0 = self.started_version + 1, False, time.monotonic()
+        while True:
+            self._poll(task)
+            seen, failed = self._agree(self._seen(task), self.failed)
+            if seen >= target or failed:
+                break
+            if not waited and self.rank == 0:
+                self.log(f"update {update_num}: waiting for the re-index started at update {self.started_update} "
+                         f"(--reindex-switch-after {switch_after(self.cfg)}): knowledge version {target} has not "
+                         f"landed yet")
+            waited = True
+            time.sleep(0.2)
+        self.pending = False
+        if seen < target:
+            if not self.failed:  # this rank's own failure was the warning of _poll
+                logger.warning("re-index started at update %d failed on another rank: no switch at update %d; "
+                               "training goes on with knowledge version %d, the next re-index tries again",
+                               self.started_update, update_num, task.knowledge.version)
+            return
+        if waited and self.rank == 0:
+            self.log(f"waited {time.monotonic() - t0:.1f}s at update {update_num} for knowledge version {target}")
+        self._switch(task, model, target, update_num)
 
     def _switch(self, task, model, version: int, update_num: int) -> None:
         old = task.knowledge.version
@@ -177,7 +243,7 @@ class Reindexer:
                "--what", f"training snapshot at update {update_num}", "--base-version", str(base),
                "--rank", str(self.rank), "--world", str(self.world), "--threads", str(cfg.reindex_threads),
                "--batch-size", str(cfg.reindex_batch_size), "--wait-minutes", str(cfg.reindex_wait_minutes),
-               "--chunk-size", str(self.chunk_size), "--result", str(result), "--device", self._device()]
+               "--chunk-size", str(self.chunk_size), "--result", str(result), "--device", self._device(model)]
         lower = getattr(unwrapped(model), "_lower_states", None)  # --doc-encoder-train-layers: the layers above only
         if lower is not None:
             cmd += ["--lower-states", str(lower.directory)]
@@ -185,13 +251,19 @@ class Reindexer:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
                                          stdin=subprocess.DEVNULL, preexec_fn=self._child_setup(os.getpid()))
         self.started_update, self.started_at = update_num, time.monotonic()
+        self.started_version, self.pending, self.failed = base, bool(switch_after(cfg)), False
         if self.rank == 0:
             self.log(f"re-index of knowledge version {base} started at update {update_num} ({self.world} "
                      f"process(es), log {self.log_file})")
 
-    def _device(self) -> str:
-        device = str(getattr(self.cfg, "reindex_device", "cpu") or "cpu")
-        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device
+    def _device(self, model) -> str:
+        """Where this rank's re-index runs: ``--reindex-device``, ``cuda`` being this rank's own GPU (the model's,
+        else the one fairseq set for this process)."""
+        device = str(getattr(self.cfg, "reindex_device", "cpu") or "cpu").strip().lower()
+        if device != "cuda":
+            return device
+        on = model_device(unwrapped(model))
+        return str(on if on.type == "cuda" else current_cuda_device())
 
     def _env(self) -> dict:
         import rag_plugin
@@ -221,6 +293,7 @@ class Reindexer:
             return
         rc, self.proc = self.proc.returncode, None
         seconds = time.monotonic() - self.started_at
+        self.failed = rc != 0
         if rc != 0:
             logger.warning("re-index started at update %d failed (exit %d) after %.0fs: see %s; training goes on "
                            "with knowledge version %d, the next re-index tries again", self.started_update, rc,

@@ -246,7 +246,8 @@ class FakeRunner(runner.Runner):
         if command.program == "fairseq-train" and "--reindex-every" in args:  # what the re-indexes log
             Path(log_file).write_text("train_inner | epoch 001: ups=0.2, wpb=1\n"
                                       "re-index started at update 100 wrote knowledge version 2 in 61.5s\n"
-                                      "knowledge version 2 (was 1) is read from update 131 on, by every rank\n"
+                                      "waited 12.5s at update 175 for knowledge version 2\n"
+                                      "knowledge version 2 (was 1) is read from update 175 on, by every rank\n"
                                       "train_inner | epoch 001: ups=0.4, wpb=1\n")
         elif command.program == "fairseq-train" and log_file is not None:
             Path(log_file).write_text("train_inner | epoch 001: ups=0.5, wpb=1\n")
@@ -336,11 +337,15 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()
     row = saved["systems"]["rag_token_end2end"]
     assert row["reindexes"] == [{"started_at_update": 100, "version": 2, "seconds": 61.5}]
-    assert row["switched_at_updates"] == {"2": 131}  # (JSON keys)
+    assert row["switched_at_updates"] == {"2": 175}  # (JSON keys)
+    assert row["reindex_switch_after"] == 75 and row["waited_s"] == 12.5
+    train = next(c for c in end2end_commands if c.program == "fairseq-train")
+    assert options_of([str(a) for a in train.args])["--reindex-switch-after"] == "75"  # reproducible switches
     assert row["train_updates_per_s"] == 0.3 and row["baseline_updates_per_s"] == 0.5
     assert row["compared_with"] == "rag_token" and row["reindex_every"] == 100 and row["test_em"] == 40.0
     assert "## Knowledge that learns (rag_token_end2end)" in (tmp_path / "RESULTS.md").read_text()
     assert "update 100 -> version 2 in 62 s" in (tmp_path / "RESULTS.md").read_text()
+    assert "switched in 75 updates after its re-index started" in (tmp_path / "RESULTS.md").read_text()
     assert hot["update"]["replaced_passages"] == 1 and hot["update"]["added_passages"] == 1
     assert set(hot["update"]["runs"]) == {"rag_token/countryinfo updated", "rag_seq/countryinfo updated"}
     assert "Updated instead of swapped" in (tmp_path / "RESULTS.md").read_text()

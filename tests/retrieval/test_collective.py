@@ -108,3 +108,50 @@ def test_shard_holders_cover_every_shard():
     node = assign_holders(4, 4, "node", local_world_size=2)
     assert node == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert KnowledgeSource  # (imported for the fixtures' type)
+
+
+def test_collectives_over_nccl_send_tensors_on_the_ranks_own_gpu(sources, monkeypatch):
+    """A process group reporting "nccl", on a rank fairseq gave cuda:1 (LOCAL_RANK unset): every tensor handed to a
+    collective is asked onto cuda:1 (this machine has no GPU: ``Tensor.to`` notes the device asked for and stays
+    on the CPU; the group is one rank whose collectives copy), and the search still equals the unsharded one."""
+    import torch
+    import torch.distributed as dist
+
+    from rag_plugin.retrieval.collective import CollectiveSearch, collective_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert collective_device("nccl") == torch.device("cuda", 1) and collective_device("gloo").type == "cpu"
+    sent = []
+
+    def to(tensor, device, *args, **kw):
+        tensor.asked_for = torch.device(device)
+        return tensor
+
+    def all_gather(out, tensor, group=None):
+        sent.append(tensor.asked_for)
+        out[0].copy_(tensor)
+
+    def all_to_all_single(out, tensor, output_split_sizes=None, input_split_sizes=None, group=None):
+        sent.append(tensor.asked_for)
+        out.copy_(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    for name, fake in (("get_rank", lambda group=None: 0), ("get_world_size", lambda group=None: 1),
+                       ("get_backend", lambda group=None: "nccl"), ("all_gather", all_gather),
+                       ("all_to_all_single", all_to_all_single)):
+        monkeypatch.setattr(dist, name, fake)
+    _, whole, sharded = sources
+    ks = sharded[3]
+    searcher = CollectiveSearch({s: ks.part(s) for s in range(ks.num_shards)}, assign_holders(ks.num_shards, 1),
+                                len(ks), ks.dim)
+    q = np.random.default_rng(8).standard_normal((5, ks.dim)).astype(np.float32)
+    scores, rows, vectors = searcher.search(q, K, with_vectors=True)
+    monkeypatch.undo()
+    assert sent == [torch.device("cuda", 1)] * 3  # sizes, questions, candidates
+    exact = whole.local_search().search(q, K, with_vectors=True)
+    np.testing.assert_array_equal(rows, exact[1])
+    np.testing.assert_array_equal(scores, exact[0])
+    np.testing.assert_array_equal(vectors, exact[2])

@@ -2,7 +2,7 @@
 model whose document tower (a tiny random BERT, the knowledge source's own) moves a known amount each update,
 driving the real :class:`rag_plugin.training.reindex.Reindexer` and its real re-index processes.
 
-    python reindex_worker.py KS OUT.json MODE [EVERY]     (RANK/WORLD_SIZE/MASTER_* set: a gloo rank)
+    python reindex_worker.py KS OUT.json MODE [EVERY [SWITCH_AFTER]]     (RANK/WORLD_SIZE/MASTER_* set: a gloo rank)
 
 MODE ``run``: steps until version 3 is read (two re-indexes landed) and records the version read at every step;
 rank 1 sees a new version only 5 steps after it lands (the ranks must still switch at the same step).
@@ -81,6 +81,7 @@ class LateSeeing(Reindexer):
 def main():
     ks_dir, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     every = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+    switch_after = int(sys.argv[5]) if len(sys.argv) > 5 else 0  # --reindex-switch-after
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         torch.distributed.init_process_group("gloo")
@@ -90,6 +91,7 @@ def main():
     # kill: the re-index embeds one passage at a time, so that after its first chunk it runs for many of this
     # loop's polls (on an idle machine it could otherwise finish between two polls, and the kill never come)
     task = FakeTask(ks_dir, every, batch_size=1 if mode == "kill" else 16)
+    task.cfg.reindex_switch_after = switch_after
     if rank == 1:
         from rag_plugin.training import reindex
 

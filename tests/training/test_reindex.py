@@ -184,7 +184,8 @@ def test_wait_at_exit_lets_the_running_reindex_land(tmp_path, monkeypatch):
 def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, tmp_path, train_layers):
     """A real fairseq-train with --train-doc-encoder --reindex-every 2 writes version 2 from the tower of its
     checkpoint at update 2 (waited for at exit); with --doc-encoder-train-layers 1 (a 2-layer encoder) the re-index
-    runs the top layer on the cached states of the lower one, with the same vectors."""
+    runs the top layer on the cached states of the lower one, with the same vectors. The whole-tower run has
+    --reindex-switch-after 1: the trainer waits at update 3 for version 2 and reads it from there."""
     import shutil
 
     from rag_plugin.models import doc_encoder
@@ -193,12 +194,17 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
 
     ks = tmp_path / "ks"
     shutil.copytree(layered_knowledge(tiny_world, 2) if train_layers else tiny_world["ks"], ks)
-    extra = ["--train-doc-encoder", "--reindex-every", "2", "--reindex-wait-at-exit", "--max-update", "3",
+    extra = ["--train-doc-encoder", "--reindex-every", "2", "--reindex-wait-at-exit",
+             "--max-update", "3" if train_layers else "4",  # the whole tower: one more update, the switch's
              "--save-interval-updates", "2", "--no-epoch-checkpoints", "--doc-encoder-train-layers", str(train_layers)]
+    if not train_layers:
+        extra += ["--reindex-switch-after", "1"]
     code, out, err = _run(_args(tiny_world, tmp_path / "ck", knowledge=ks, extra=extra), cwd=str(tmp_path),
                           threads=1, timeout=600)
     assert code == 0, err[-3000:]
     assert "re-index of knowledge version 1 started at update 2" in out + err
+    switched = "knowledge version 2 (was 1) is read from update 3 on, by every rank" in out + err
+    assert switched == (not train_layers) and ("waiting for the re-index started at update 2" in out + err) == switched
     reindex_logs = "".join(f.read_text() for f in (ks / ".reindex" / "logs").glob("*.log"))
     assert ("the tower's lower 1 layers: from the cache" in reindex_logs) == bool(train_layers), reindex_logs
     landed = KnowledgeSource(str(ks))

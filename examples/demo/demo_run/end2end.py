@@ -15,6 +15,7 @@ from demo_run.commands import console_script
 _REINDEXED = re.compile(r"re-index started at update (\d+) wrote knowledge version (\d+) in ([0-9.]+)s")
 _SWITCHED = re.compile(r"knowledge version (\d+) \(was \d+\) is read from update (\d+) on")
 _UPS = re.compile(r"train_inner \|.*?ups=([0-9.]+)")
+_WAITED = re.compile(r"waited ([0-9.]+)s at update \d+ for knowledge version \d+")
 
 
 def linked_copy(source: Path, dest: Path) -> Path:
@@ -54,11 +55,13 @@ def _mean(values) -> Optional[float]:
 
 def reindex_report(log: str, baseline_log: str) -> Dict:
     """From a training log with --reindex-every: each re-index (the update it started at, the version it wrote, its
-    seconds), the update each version was switched to, and the mean training updates/s beside the baseline's
-    (the same system without the document encoder, from its own log)."""
+    seconds), the update each version was switched to, the seconds the trainer waited for a version
+    (--reindex-switch-after) and the mean training updates/s beside the baseline's (the same system without the
+    document encoder, from its own log)."""
     return {"reindexes": [{"started_at_update": int(u), "version": int(v), "seconds": float(s)}
                           for u, v, s in _REINDEXED.findall(log)],
             "switched_at_updates": {int(v): int(u) for v, u in _SWITCHED.findall(log)},
+            "waited_s": round(sum(float(s) for s in _WAITED.findall(log)), 1),
             "train_updates_per_s": _mean(float(x) for x in _UPS.findall(log)),
             "baseline_updates_per_s": _mean(float(x) for x in _UPS.findall(baseline_log))}
 
@@ -68,12 +71,16 @@ def end2end_section(name: str, row: Dict, baseline: str) -> list:
     runs = row.get("reindexes") or []
     each = ", ".join(f"update {r['started_at_update']} -> version {r['version']} in {r['seconds']:.0f} s" for r in runs)
     switched = ", ".join(f"v{v} at update {u}" for v, u in sorted(row.get("switched_at_updates", {}).items()))
+    after = row.get("reindex_switch_after")
+    schedule = (f", each version switched in {after} updates after its re-index started (`--reindex-switch-after "
+                f"{after}`: the same updates on any machine; the trainer waited {row.get('waited_s', 0)} s for them)"
+                if after else "")
     return ["", f"## Knowledge that learns ({name})", "",
             f"{name} trains its document encoder too (`--train-doc-encoder --doc-encoder-train-layers "
             f"{row.get('doc_encoder_train_layers', '?')}`: the top layer; the embeddings and lower layers stay the "
             "knowledge source's, computed once per passage) and re-indexes its own copy of the knowledge source in the "
-            f"background every {row.get('reindex_every', '?')} updates; before testing, its final document encoder "
-            "embeds the copy once more.", "",
+            f"background every {row.get('reindex_every', '?')} updates{schedule}; before testing, its final document "
+            "encoder embeds the copy once more.", "",
             f"- re-indexes: {each or 'none landed'}; switched to: {switched or 'none'}",
             f"- training throughput: {row.get('train_updates_per_s')} updates/s with re-indexing (mean of the log's "
             f"intervals), {row.get('baseline_updates_per_s')} for {baseline}"]

@@ -167,6 +167,7 @@ class Demo:
         row = reindex_report(read_text(self.work / f"train_{system}.log"),
                              read_text(self.work / f"train_{baseline}.log"))
         return {**row, "compared_with": baseline, "reindex_every": options.get("task.reindex_every"),
+                "reindex_switch_after": options.get("task.reindex_switch_after"),
                 "doc_encoder_train_layers": options.get("model.doc_encoder_train_layers")}
 
     # ------------------------------------------------------------------ the index hot-swap test
