@@ -17,6 +17,11 @@ Rank 0 checks the input and writes the passage store, every process embeds its s
 gathers the vectors, each index shard is built by one process, rank 0 writes the manifest. The vectors are
 those of a one-process build; rerunning the same command (with any number of processes) finishes a build
 that lost a process.
+
+The encoder runs on ``--device`` (default: a GPU when there is one; under torchrun each process its node's
+LOCAL_RANK-th GPU), with ``--fp16`` in half precision (vectors stored float32, within float16 rounding of
+float32 ones; recorded in the manifest as ``embedding_fp16``). FAISS gets ``--threads``, else torch's threads
+with the encoder on the CPU and the cores per process on the node with it on a GPU.
 """
 from __future__ import annotations
 
@@ -28,7 +33,9 @@ from rag_plugin.util.errors import cli_main
 
 def build_parser() -> ArgumentParser:
     from rag_plugin.indexing.distributed import DEFAULT_TIMEOUT_MINUTES
+    from rag_plugin.indexing.embedding import FP16_HELP
     from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
+    from rag_plugin.util.devices import DEVICE_HELP
 
     p = ArgumentParser(prog="rag-build-knowledge", description=__doc__)
     p.add_argument("--passages", required=True, nargs="+",
@@ -49,7 +56,11 @@ def build_parser() -> ArgumentParser:
                    help="passages per embedding chunk (the unit of resume and of a distributed build's work; a resumed "
                         "build keeps its own); not the index shards (--num-shards)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
-    p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads; unset: all CPUs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch/FAISS threads; unset: torch's own (all CPUs for one process), FAISS as many with the "
+                        "encoder on the CPU and the cores per process on the node with it on a GPU")
+    p.add_argument("--device", default=None, help=f"where the document encoder runs: {DEVICE_HELP}")
+    p.add_argument("--fp16", action="store_true", help=FP16_HELP)
     p.add_argument("--reuse-vectors-from", default=None, metavar="KS_DIR",
                    help="copy the vectors of unchanged passages (same id, title, text) from an existing knowledge "
                         "source with the same document encoder; embed only new or edited ones")
@@ -70,7 +81,9 @@ def main(argv=None) -> int:
     from rag_plugin.core.input_format import InputFormat
     from rag_plugin.indexing import BuildSettings, build_knowledge_source
     from rag_plugin.indexing.distributed import BuildGroup
+    from rag_plugin.indexing.embedding import embedding_encoder, embedding_record
     from rag_plugin.retrieval.index import set_faiss_threads
+    from rag_plugin.retrieval.threads import faiss_thread_budget
 
     passages = args.passages[0] if len(args.passages) == 1 else args.passages
     settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
@@ -79,15 +92,17 @@ def main(argv=None) -> int:
                              train_size=args.train_size, seed=args.seed, num_shards=args.num_shards,
                              input_format=InputFormat.parse(args.input_format).identity())
     group = BuildGroup.from_environment(args.dist_timeout)  # one process unless torchrun started several
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    # several processes on a node: FAISS as many threads as torch (torchrun's OMP_NUM_THREADS), not all CPUs each
-    set_faiss_threads(args.threads or (torch.get_num_threads() if group.world > 1 else None))
     try:
-        build_knowledge_source(args.out, settings, shard_size=args.shard_size, batch_size=args.batch_size,
-                               restart=args.restart, progress=not args.quiet,
+        encoder = embedding_encoder(args.encoder, args.device, args.fp16)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        # not all CPUs per process: torch's threads beside the encoder on the CPU (torchrun: its OMP_NUM_THREADS),
+        # the cores per process on the node with the encoder on a GPU
+        set_faiss_threads(args.threads or faiss_thread_budget(next(encoder.passage_tower.parameters()).device))
+        build_knowledge_source(args.out, settings, encoder=encoder, shard_size=args.shard_size,
+                               batch_size=args.batch_size, restart=args.restart, progress=not args.quiet,
                                reuse_vectors_from=args.reuse_vectors_from, log=lambda m: print(m, file=sys.stderr),
-                               group=group)
+                               group=group, manifest_extra=embedding_record(encoder) or None)
     finally:
         group.close()
     return 0

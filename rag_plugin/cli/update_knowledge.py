@@ -11,6 +11,8 @@ point, v stays current and the same command resumes. See rag_plugin/indexing/upd
 ``--reembed``: every passage embedded again by the source's encoder with the document tower of a checkpoint
 trained with --train-doc-encoder (or a .pt holding {"document_tower": state dict}, or a .safetensors state
 dict); see rag_plugin/indexing/reembed.py.
+The passages embedded (new or edited ones; every one with ``--reembed``) go through the encoder on ``--device``
+(default: a GPU when there is one), with ``--fp16`` in half precision (vectors stored float32).
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from rag_plugin.util.errors import UserError, cli_main
 
 
 def build_parser() -> ArgumentParser:
+    from rag_plugin.indexing.embedding import FP16_HELP
+    from rag_plugin.util.devices import DEVICE_HELP
+
     p = ArgumentParser(prog="rag-update-knowledge", description=__doc__)
     p.add_argument("--knowledge", required=True, help="the knowledge source directory (its current version is updated)")
     p.add_argument("--add", nargs="+", default=[], metavar="FILE", help="passages to add (ids not in the source)")
@@ -31,13 +36,16 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--reembed", default=None, metavar="CHECKPOINT",
                    help="embed every passage again with this trained document tower (a checkpoint trained with "
                         "--train-doc-encoder, a .pt holding {'document_tower': state dict}, or .safetensors)")
-    p.add_argument("--device", default="cpu", help="with --reembed: where the document tower runs (cpu, cuda, cuda:N)")
+    p.add_argument("--device", default=None, help=f"where the encoder embeds the passages: {DEVICE_HELP}")
+    p.add_argument("--fp16", action="store_true", help=FP16_HELP)
     p.add_argument("--retrain", action="store_true",
                    help="train a new quantizer (IVF/PQ/SQ) on the new collection instead of keeping the current one")
     p.add_argument("--keep", type=int, default=None, metavar="N",
                    help="then remove the versions older than the N newest that no process has open")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
-    p.add_argument("--threads", type=int, default=None, help="torch/FAISS threads; unset: all CPUs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch/FAISS threads; unset: torch's own (all CPUs), FAISS as many with the encoder on the CPU "
+                        "and every core this process may use with it on a GPU")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -49,24 +57,33 @@ def main(argv=None) -> int:
 
     from rag_plugin.indexing.update import update_knowledge_source
     from rag_plugin.retrieval.index import set_faiss_threads
+    from rag_plugin.retrieval.threads import faiss_thread_budget
+    from rag_plugin.util.devices import resolve_device
 
     if args.reembed and (args.add or args.delete or args.replace):
         raise UserError("--reembed embeds the current passages again: it cannot be combined with --add, --delete "
                         "or --replace", fix="update the passages first, then re-embed in a second command")
+    device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    set_faiss_threads(args.threads)
+    set_faiss_threads(args.threads or faiss_thread_budget(device))
     if args.reembed:
         from rag_plugin.indexing.reembed import read_tower_state, reembed
         from rag_plugin.indexing.update import remove_old_versions
 
         reembed(args.knowledge, read_tower_state(args.reembed), what=args.reembed, batch_size=args.batch_size,
-                device=args.device, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
+                device=device, fp16=args.fp16, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
         if args.keep:
             remove_old_versions(Path(args.knowledge), args.keep, lambda m: print(m, file=sys.stderr))
         return 0
+    encoder = None
+    if (args.add or args.replace) and (device.type != "cpu" or args.fp16):  # else the builder loads it on the CPU
+        from rag_plugin.indexing.embedding import embedding_encoder
+        from rag_plugin.retrieval.knowledge import KnowledgeSource
+
+        encoder = embedding_encoder(KnowledgeSource(args.knowledge).encoder_spec, device, args.fp16)
     update_knowledge_source(args.knowledge, add=args.add, delete=args.delete, replace=args.replace,
-                            retrain=args.retrain, keep=args.keep, batch_size=args.batch_size,
+                            retrain=args.retrain, keep=args.keep, batch_size=args.batch_size, encoder=encoder,
                             progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
     return 0
 

@@ -71,6 +71,16 @@ class _Outcome:
         return cls(False, line=f"{type(failure).__name__}: {_first_line(failure)}")
 
 
+def _use_local_gpu(env) -> None:
+    """A build's processes on a node (torchrun's: it sets ``LOCAL_RANK``) each take their own GPU, the
+    LOCAL_RANK-th (modulo the node's), as the current CUDA device that ``--device cuda`` (and the default) mean."""
+    import torch
+
+    local = env.get("LOCAL_RANK")
+    if local is not None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        torch.cuda.set_device(int(local) % torch.cuda.device_count())
+
+
 class BuildGroup:
     """The processes of one build: ``rank`` of ``world`` (one process: rank 0 of 1, no torch.distributed)."""
 
@@ -95,6 +105,7 @@ class BuildGroup:
             return cls()
         if timeout_minutes <= 0:
             raise UserError(f"--dist-timeout must be positive, got {timeout_minutes}", fix="give minutes, e.g. 60")
+        _use_local_gpu(env)
         import torch.distributed as dist
 
         if dist.is_initialized():

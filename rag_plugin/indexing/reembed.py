@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from rag_plugin.indexing.embedding import embed_shards
+from rag_plugin.indexing.embedding import embed_shards, embedding_record
 from rag_plugin.indexing.output_dir import shard_path, shards_dir
 from rag_plugin.indexing.settings import ENCODER_IDENTITY, passage_side
 from rag_plugin.retrieval import versions
@@ -74,7 +74,7 @@ class TowerEncoder:
         tower = self.encoder.passage_tower.eval()
         param = next(tower.parameters())
         out = np.empty((end - start, self.dim), dtype=np.float32)
-        with torch.inference_mode():
+        with torch.inference_mode(), self.encoder.precision(param.device):
             for s in range(start, end, batch_size):
                 hidden, mask = self.lower.gather(range(s, min(s + batch_size, end)))
                 vectors = tower.forward_from(hidden.to(param.device, param.dtype), mask.to(param.device),
@@ -131,13 +131,14 @@ def chunk_dir(root: Path, base: int, tower_sha: str) -> Path:
 def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank: int = 0, world: int = 1, group=None,
             log: Callable[[str], None] = print, progress: bool = True, encoder=None, base_version: Optional[int] = None,
             shard_size: int = CHUNK_SIZE, batch_size: int = 64, wait_minutes: float = 24 * 60,
-            device: str = "cpu") -> int:
+            device: str = "cpu", fp16: bool = False) -> int:
     """Write version v+1 of ``knowledge_dir`` (v: ``base_version``, default the current one) with every passage
     embedded again by a passage tower holding ``tower_state``, and make it current (see the module docstring).
     ``group``: a :class:`~rag_plugin.indexing.distributed.BuildGroup` (its rank and world; rank 0 returns when the
     version is current, the others with it); without one, ``rank``/``world`` split the chunks between independent
     processes, and ranks other than 0 return once their chunks are written. ``encoder``: a ready
-    :class:`TowerEncoder` in place of ``tower_state``; ``device``: where the tower made from ``tower_state`` runs.
+    :class:`TowerEncoder` in place of ``tower_state``; ``device``: where the tower made from ``tower_state`` runs,
+    ``fp16``: in half precision (:meth:`~rag_plugin.retrieval.encoders.text_encoder.TextEncoder.for_embedding`).
     Returns the new version's number."""
     from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 
@@ -148,7 +149,7 @@ def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank:
     current = KnowledgeSource(str(root), version=base_version)
     if encoder is None:
         encoder = tower_encoder(current, tower_state, what)
-        encoder.encoder.to(device)
+        encoder.encoder.for_embedding(device, fp16)
         encoder.find_lower_states(root, tower_state, current.passages.sha256, log)
     elif tower_state is not None and encoder.tower_sha != state_dict_sha256(tower_state):
         raise ValueError("the encoder given does not hold tower_state")
@@ -224,7 +225,8 @@ def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks:
                 if shard_path(chunks, s).is_file():
                     os.replace(shard_path(chunks, s), shard_path(shards_dir(partial), s))
             store = current.passages
-            extra = {"version": new, "previous_version": base, TOWER_SHA: encoder.tower_sha, FROM: what}
+            extra = {"version": new, "previous_version": base, TOWER_SHA: encoder.tower_sha, FROM: what,
+                     **embedding_record(encoder.encoder)}
             build_knowledge_source(str(partial), settings, encoder=encoder, shard_size=shard_size,
                                    batch_size=batch_size, progress=progress, log=log, manifest_extra=extra,
                                    collection=lambda: (store.passage(r) for r in range(len(store))))
@@ -316,6 +318,7 @@ def main(argv=None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch and FAISS threads")
     p.add_argument("--device", default="cpu", help="where the passage tower runs: cpu, cuda, cuda:N")
+    p.add_argument("--fp16", action="store_true", help="the passage tower's forward in half precision")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help="passages per embedding chunk")
     p.add_argument("--wait-minutes", type=float, default=24 * 60)
@@ -327,6 +330,7 @@ def main(argv=None) -> int:
     import torch
 
     from rag_plugin.retrieval.index import set_faiss_threads
+    from rag_plugin.util.devices import resolve_device
 
     torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads)
@@ -335,7 +339,7 @@ def main(argv=None) -> int:
     what = args.what or args.tower
     state = read_tower_state(args.tower)
     encoder = tower_encoder(current, state, what)
-    encoder.encoder.to(args.device)
+    encoder.encoder.for_embedding(resolve_device(args.device), args.fp16)
     if args.lower_states:
         encoder.use_lower_states(args.lower_states, state, current.passages.sha256)
         print(f"the tower's lower {encoder.lower.layers} layers: from the cache {args.lower_states}", flush=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from rag_plugin.indexing.builder import build_knowledge_source
+from rag_plugin.indexing.embedding import embedding_record
 from rag_plugin.indexing.settings import BuildSettings, settings_part
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.index import read_index
@@ -179,7 +180,8 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
         if not (final / MANIFEST).is_file():
             extra = {"version": new, "previous_version": current.version,
                      "update": {"added": len(changes.added), "deleted": len(changes.deleted),
-                                "replaced": len(changes.replaced), "retrained": template is None}, **carried}
+                                "replaced": len(changes.replaced), "retrained": template is None}, **carried,
+                     **embedding_record(encoder)}
             partial.parent.mkdir(parents=True, exist_ok=True)
             build_knowledge_source(str(partial), settings, encoder=encoder, batch_size=batch_size,
                                    shard_size=shard_size, progress=progress,

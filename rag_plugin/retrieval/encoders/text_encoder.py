@@ -14,9 +14,14 @@ Passage input formats:
   ids. An empty title gives the single sequence ``[CLS] text [SEP]``.
 
 Queries are always single sequences. All token type ids are 0.
+
+Where and how precisely the towers run when they embed: :meth:`TextEncoder.for_embedding` (a device; ``fp16``:
+the forward in half precision under autocast, the vectors returned float32, the weights and so the identity
+unchanged).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -63,6 +68,7 @@ class TextEncoder:
         self.max_length = max_length
         self.passage_format = passage_format
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
+        self.fp16 = False  # the forward in float16 when encoding (:meth:`for_embedding`)
 
     # ---- properties
     @property
@@ -86,6 +92,22 @@ class TextEncoder:
         self.query_tower.to(device)
         self.passage_tower.to(device)
         return self
+
+    def for_embedding(self, device=None, fp16: bool = False) -> "TextEncoder":
+        """Encode on ``device`` (both towers moved there; None: where they are), and with ``fp16`` in half
+        precision: the towers' forward under float16 autocast (matrix products in float16, normalisations in
+        float32), the vectors returned float32 as always. The weights stay float32, so the encoder's identity (its
+        weight hashes) is unchanged; the vectors differ from float32 ones by float16 rounding. Returns self."""
+        if device is not None:
+            self.to(device)
+        self.fp16 = bool(fp16)
+        return self
+
+    def precision(self, device):
+        """The context the towers run in on ``device`` when encoding: float16 autocast with ``fp16``, else none."""
+        if not self.fp16:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=torch.float16)
 
     # ---- tokenization
     def tokenize_queries(self, questions: Sequence[str], max_length: Optional[int] = None) -> List[List[int]]:
@@ -154,8 +176,9 @@ class TextEncoder:
         was_training = tower.training
         tower.eval()
         try:
-            with torch.inference_mode(), tqdm(total=len(order), unit=unit.rstrip("s"),
-                                              desc=f"encoding {unit}", disable=not progress) as bar:
+            with torch.inference_mode(), self.precision(device), tqdm(total=len(order), unit=unit.rstrip("s"),
+                                                                      desc=f"encoding {unit}",
+                                                                      disable=not progress) as bar:
                 for start in range(0, len(order), batch_size):
                     rows = order[start:start + batch_size]
                     batch = self.collate([token_ids[i] for i in rows])
