@@ -10,7 +10,8 @@ waits more than N seconds for another rank fails, and the rank exits with a one-
 close) is noticed at the next collective without waiting for any timeout.
 
 Choose N above the longest time one rank may legitimately make the others wait (a validation
-pass, writing a checkpoint).
+pass, writing a checkpoint). A one-line error on one rank (bad input only it reads) stops every
+rank with that same line at once (:mod:`rag_plugin.fairseq_hooks.rank_errors`).
 
 ``--ddp-backend pytorch_ddp`` (``c10d``) on the CPU: fairseq hands torch's DistributedDataParallel
 ``device_ids=[device_id]`` whatever the device, which torch refuses for a module on the CPU ("device_ids
@@ -20,6 +21,8 @@ changes. So ``--cpu --ddp-backend pytorch_ddp`` trains with torch's DDP (gloo), 
 """
 import datetime
 import functools
+
+from rag_plugin.fairseq_hooks import rank_errors
 
 
 def _with_timeout(create, seconds: float):
@@ -38,7 +41,8 @@ def _with_timeout(create, seconds: float):
 def bound_collective_waits() -> None:
     """Make fairseq's ``--heartbeat-timeout`` the timeout of its process groups: the world group
     and the groups fairseq makes later with ``new_group`` (data parallel, which its all-reduces
-    use). Idempotent."""
+    use); once they are set up, start the relay of one-line errors between ranks
+    (:mod:`rag_plugin.fairseq_hooks.rank_errors`). Idempotent."""
     from fairseq.distributed import utils as distributed_utils
 
     plain = distributed_utils.distributed_init
@@ -55,7 +59,9 @@ def bound_collective_waits() -> None:
             for name in ("init_process_group", "new_group"):
                 create = getattr(dist, name)
                 setattr(dist, name, _with_timeout(getattr(create, "_rag_plugin_plain", create), seconds))
-        return plain(cfg)
+        rank = plain(cfg)
+        rank_errors.start_relay()  # a one-line error on one rank stops every rank with that line
+        return rank
 
     distributed_init._rag_plugin = True
     distributed_utils.distributed_init = distributed_init

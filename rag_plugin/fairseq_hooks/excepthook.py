@@ -10,8 +10,10 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from typing import Optional
 
+from rag_plugin.fairseq_hooks import rank_errors
 from rag_plugin.generation.options import REPLACE_UNK
 from rag_plugin.util.errors import UserError, exception_chain, user_error_in_chain
 
@@ -81,7 +83,17 @@ def unsupported_option_message(exc: BaseException) -> Optional[str]:
     return None
 
 
-def _write_and_exit(message: str, status: int) -> None:
+#: one last line per process: the main thread's hook or the error relay's thread (rank_errors), not both
+_stopping = threading.Lock()
+
+
+def stop_process(message: str, status: int, relayed: bool = False) -> None:
+    """End the process with ``error: message`` on stderr and exit ``status``. In a distributed job an exit-2 line
+    of this rank's own is first published for the other ranks, which stop with the same line
+    (:mod:`rag_plugin.fairseq_hooks.rank_errors`); ``relayed``: the line is another rank's."""
+    _stopping.acquire()  # never released: the process ends here
+    if status == 2 and not relayed:
+        rank_errors.publish(message)
     # torch.distributed wraps sys.excepthook and points sys.stderr at a buffer while the hook
     # runs; the process ends here, so write to the real stderr.
     stream = sys.__stderr__ or sys.stderr
@@ -90,6 +102,7 @@ def _write_and_exit(message: str, status: int) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         logging.shutdown()  # flush the log handlers: os._exit skips them
+    rank_errors.finish(wait=status == 2)  # a line every rank writes: wait for the others to have (bounded)
     # os._exit: under torch.distributed a plain exit can hang in the process group's teardown;
     # this hook runs only on a fairseq command line (never in a library user's process)
     os._exit(status)
@@ -108,16 +121,19 @@ def install_excepthook() -> None:
             message = cause.render() if isinstance(cause, UserError) else (
                 "a checkpoint refers to code that safe loading refuses (weights_only=True); it was not loaded "
                 "(only load checkpoints from sources you trust)")
-            _write_and_exit(message, 2)
+            stop_process(message, 2)
         lost = lost_rank_message(exc) if exc is not None else None
         if lost is not None:
-            _write_and_exit(lost, 1)
+            relayed = rank_errors.relayed_line()  # the rank gone stopped on a one-line error: the same line
+            if relayed is not None:
+                stop_process(relayed, 2, relayed=True)
+            stop_process(lost, 1)
         accelerator = missing_accelerator_message(exc) if exc is not None else None
         if accelerator is not None:
-            _write_and_exit(accelerator, 2)
+            stop_process(accelerator, 2)
         unsupported = unsupported_option_message(exc) if exc is not None else None
         if unsupported is not None:
-            _write_and_exit(unsupported, 2)
+            stop_process(unsupported, 2)
         previous(exc_type, exc, tb)
 
     if getattr(sys.excepthook, "_rag_plugin", False):

@@ -1,12 +1,15 @@
 """A rank that dies (SIGKILL) or hangs (SIGSTOP) in two-process CPU training: the surviving rank
 fails within a bounded time with a one-line message, instead of waiting for gloo's 30-minute
-default.
+default. A one-line error (UserError) raised on one rank only stops both ranks with that same line
+(rag_plugin/fairseq_hooks/rank_errors.py), whichever rank raised it (rank 0 serves the job's store).
 
 The ranks are started directly (``MASTER_ADDR``/``RANK``/``WORLD_SIZE``, as on two machines)
 rather than under torchrun, whose agent would tear the survivor down itself: the survivor has to
 notice on its own. A test-only driver (written into tmp_path) wraps ``FairseqTask.train_step``
-so that rank 1 sends itself the signal at its second update, after recording the time; then it
-runs ``fairseq_cli.train.cli_main()`` unchanged through ``scripts/train_cpu_ddp.sh``.
+so that rank 1 sends itself the signal (or raises the UserError) at its second update, after recording
+the time; then it runs ``fairseq_cli.train.cli_main()`` unchanged through ``scripts/train_cpu_ddp.sh``.
+
+Marked ``slow`` (two processes per test, 20-40 s each on 2 cores).
 """
 import os
 import re
@@ -18,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
 
 DRIVER = '''\
 #!{python}
@@ -40,6 +46,10 @@ def train_step(self, sample, *args, **kwargs):
     if os.environ["RANK"] == os.environ["FAIL_RANK"] and calls[0] == int(os.environ["FAIL_AT"]):
         with open(os.environ["FAIL_RECORD"], "w") as fh:
             fh.write(repr(time.time()))
+        if os.environ["FAIL_SIGNAL"] == "UserError":
+            from rag_plugin.util.errors import UserError  # imported here: the plugin is loaded as fairseq-train's
+
+            raise UserError(f"passage 7 of shard {{os.environ['RANK']}} is unreadable", fix="rebuild the shard")
         os.kill(os.getpid(), getattr(signal, os.environ["FAIL_SIGNAL"]))
     return _train_step(self, sample, *args, **kwargs)
 
@@ -56,7 +66,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_ranks(world, tmp_path, fail_signal, extra=(), ks=None):
+def _start_ranks(world, tmp_path, fail_signal, extra=(), ks=None, fail_rank=1):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(python=sys.executable))
     driver.chmod(driver.stat().st_mode | stat.S_IXUSR)
@@ -66,7 +76,7 @@ def _start_ranks(world, tmp_path, fail_signal, extra=(), ks=None):
     for rank in (0, 1):
         env = dict(os.environ, FAIRSEQ_TRAIN=str(driver), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),
-                   LOCAL_RANK=str(rank), FAIL_RANK="1", FAIL_AT="2", FAIL_SIGNAL=fail_signal,
+                   LOCAL_RANK=str(rank), FAIL_RANK=str(fail_rank), FAIL_AT="2", FAIL_SIGNAL=fail_signal,
                    FAIL_RECORD=str(record))
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
         cmd = [str(ROOT / "scripts" / "train_cpu_ddp.sh"), str(world["data"]), "--user-dir", str(ROOT / "rag_plugin"),
@@ -137,3 +147,26 @@ def test_killed_rank_during_sharded_retrieval_makes_the_other_fail_fast(tiny_wor
     assert re.search(r"error: rank 0 of 2: lost contact with another rank \(.*(closed|reset)", line), line
     assert "holds index shards [0, 1] of 3" in out + err  # the collective search was in use
     assert seconds < 60, f"rank 0 took {seconds:.1f} s to notice"
+
+
+@pytest.mark.parametrize("fail_rank", [1, 0])
+def test_user_error_on_one_rank_stops_every_rank_with_the_same_line(tiny_world, tmp_path, fail_rank):
+    """Rank ``fail_rank`` alone raises a UserError at its second update (the other rank waits for it in the
+    gradients' all-reduce): both ranks stop at once with its one line and exit 2, none with "lost contact"."""
+    procs, record = _start_ranks(tiny_world, tmp_path, "UserError", fail_rank=fail_rank)
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+        ended = time.time()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert record.is_file(), "the rank never reached its second update:\n" + "".join(results[fail_rank])[-3000:]
+    expected = (f"error: passage 7 of shard {fail_rank} is unreadable (rebuild the shard)")
+    for rank, (p, (out, err)) in enumerate(zip(procs, results, strict=True)):
+        assert p.returncode == 2, f"rank {rank}: " + (out + err)[-3000:]
+        assert _one_error_line(err) == expected, f"rank {rank}"
+    seconds = ended - float(record.read_text())
+    assert seconds < 30, f"the ranks took {seconds:.1f} s to stop"
+    print(f"rank {fail_rank} raised; both ranks exited 2 within {seconds:.1f} s: {expected}")
