@@ -406,7 +406,7 @@ def case_table() -> List[Case]:
         return fairseq_train(w, w["data"], d / "ckpt", extra=["--fp16"])
 
     def t_bf16(d, w):
-        return fairseq_train(w, w["data"], d / "ckpt", extra=["--bf16"])
+        return fairseq_train(w, w["data"], d / "ckpt", extra=["--bf16", "--tpu"])
 
     def t_truncated_last(d, w):
         (d / "ckpt").mkdir()
@@ -530,7 +530,8 @@ def case_table() -> List[Case]:
              ["ckpt"]),
         *([Case("train: --fp16 with a torch without CUDA", t_fp16, ["--fp16 needs CUDA", "leave --fp16 out"], ["ckpt"])]
           if not torch.cuda.is_available() else []),
-        Case("train: --bf16 (fairseq's is for TPUs)", t_bf16, ["imply --tpu", "on a GPU use --fp16"], ["ckpt"]),
+        Case("train: --bf16 --tpu without torch_xla", t_bf16, ["--tpu needs torch_xla", "--bf16 without --tpu"],
+             ["ckpt"]),
         Case("train: checkpoint_last.pt cut short", t_truncated_last,
              ["ckpt/checkpoint_last.pt:", "unreadable or truncated"], unchanged=["ckpt/checkpoint_last.pt"]),
         # --- fairseq-generate

@@ -55,6 +55,7 @@ def install() -> bool:
     from rag_plugin.fairseq_hooks.distributed import bound_collective_waits, torch_ddp_on_cpu
     from rag_plugin.fairseq_hooks.excepthook import install_excepthook
     from rag_plugin.fairseq_hooks.generate_output import install_generate_output
+    from rag_plugin.fairseq_hooks.mixed_precision import install_mixed_precision
     from rag_plugin.fairseq_hooks.noise import quiet_dependency_noise
     from rag_plugin.fairseq_hooks.threads import choose_threads
     from rag_plugin.fairseq_hooks.usage_errors import install_fairseq_usage_errors, install_full_help
@@ -68,6 +69,7 @@ def install() -> bool:
     install_fairseq_usage_errors()
     install_full_help()
     install_generate_output()
+    install_mixed_precision()
     choose_threads()
     _installed = True
     return True

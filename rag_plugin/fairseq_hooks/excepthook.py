@@ -52,16 +52,16 @@ def lost_rank_message(exc: BaseException) -> Optional[str]:
 
 def missing_accelerator_message(exc: BaseException) -> Optional[str]:
     """A one-line message if fairseq failed for want of the accelerator an option asks for:
-    ``--fp16`` puts the optimizer's float32 master weights on CUDA, ``--bf16`` and
-    ``--memory-efficient-bf16`` imply ``--tpu``; without them fairseq stops with an assertion
-    or an attribute error deep in its trainer."""
+    ``--fp16`` puts the optimizer's flat float32 master weights on CUDA, ``--tpu`` needs torch_xla;
+    without them fairseq stops with an assertion or an attribute error deep in its trainer.
+    (``--bf16`` no longer implies ``--tpu``: :mod:`rag_plugin.fairseq_hooks.mixed_precision`.)"""
     for e in exception_chain(exc):
         if isinstance(e, AssertionError) and "not compiled with CUDA" in str(e):
-            return ("--fp16 needs CUDA, which this torch build lacks: fairseq keeps the float32 master weights on "
+            return ("--fp16 needs CUDA, which this torch build lacks: fairseq keeps the flat float32 master weights on "
                     "the GPU (on the CPU leave --fp16 out and train in float32)")
         if isinstance(e, AttributeError) and "xla_device" in str(e):
-            return ("fairseq's --bf16 and --memory-efficient-bf16 imply --tpu and need torch_xla (on a GPU use "
-                    "--fp16; on the CPU leave them out)")
+            return ("--tpu needs torch_xla, which is not installed (for bfloat16 on a GPU or the CPU give --bf16 "
+                    "without --tpu)")
     return None
 
 

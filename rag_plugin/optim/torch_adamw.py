@@ -23,7 +23,10 @@ encoder fairseq's whole update takes a third less time (``benchmarks/optimizer_s
 Optimizer state written by fairseq's ``adam`` does not load into ``torch_adamw`` (nor back):
 resume across the switch with ``--reset-optimizer``. Not supported: ``--memory-efficient-fp16``
 / ``--memory-efficient-bf16`` (torch would keep Adam's moments in 16 bits; use ``--fp16`` /
-``--bf16``, whose fp32 master weights work with it).
+``--bf16``, whose float32 master weights it steps). Under ``--fp16`` / ``--bf16`` the master weights
+keep the query/document encoders' weight decay x lr scale, and under ``--amp`` the gradients are
+unscaled once: both through :mod:`rag_plugin.fairseq_hooks.mixed_precision`, on the command line
+(where fairseq's ``--bf16`` also stops implying ``--tpu``).
 """
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -121,11 +124,16 @@ class _AdamW(torch.optim.AdamW):
 class TorchAdamW(FairseqOptimizer):
     """fairseq wrapper of ``torch.optim.AdamW(fused=True)`` (foreach where fused can't run)."""
 
+    #: parameters tagged ``lr_scale`` decay at weight decay x that scale (:func:`_decay_groups`); fairseq's
+    #: --fp16 master weights keep the tag for optimizers that say so (rag_plugin.fairseq_hooks.mixed_precision)
+    decays_by_lr_scale = True
+
     def __init__(self, cfg: TorchAdamWConfig, params):
         super().__init__(cfg)
         if any(getattr(cfg, name, False) is True for name in ("memory_efficient_fp16", "memory_efficient_bf16")):
             raise UserError("--optimizer torch_adamw does not support --memory-efficient-fp16/--memory-efficient-bf16",
-                            fix="use --fp16 or --bf16 (fp32 master weights), or --optimizer adam")
+                            fix="use --fp16 (float32 master weights, any GPU) or --bf16 (float32 master weights, "
+                                "GPUs with bfloat16: A100, H100, H200)")
         params = list(params)
         flat = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
         if not flat:
