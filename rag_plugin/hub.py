@@ -3,6 +3,7 @@
     from rag_plugin.hub import RAG
     rag = RAG.from_pretrained("checkpoints/rag_token/checkpoint_best.pt")      # knowledge from the checkpoint
     rag = RAG.from_pretrained(ckpt, knowledge="data/other_ks", n_docs=10)        # hot-swapped index
+    rag = RAG.from_pretrained(ckpt, device="cuda")     # on this process's GPU (or later: rag.to("cuda:1"))
     for r in rag.generate(["What is the capital of Burundi?"], beam=4):
         print(r["answer"], r["provenance"][0]["title"], r["provenance"][0]["p"])
 
@@ -10,6 +11,10 @@ In the manner of fairseq's hub interfaces; it drives the same task, model and ge
 ``fairseq-generate``. A library: it installs no hook, changes no global state of the host process
 (logging, warnings, excepthook, torch's allow-list), and reports bad input as a
 :class:`~rag_plugin.util.errors.UserError` that the caller may catch; it never ends the process.
+
+The model computes where it is put (``device=`` or :meth:`RAG.to`; the CPU unless asked, as fairseq's and Hugging
+Face's loaders do): the questions' tensors follow it, the index is searched on the CPU. A model cast to half
+precision afterwards (``rag.model.half()``) still reloads: its document tower is the one it loaded.
 """
 import json
 from pathlib import Path
@@ -17,6 +22,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from rag_plugin.util.devices import model_device, resolve_device
 from rag_plugin.util.errors import UserError
 
 
@@ -48,11 +54,14 @@ class RAG:
     def from_pretrained(cls, checkpoint: str, knowledge: Optional[str] = None, n_docs: Optional[int] = None,
                         rag_decoding: Optional[str] = None, retriever: Optional[str] = None,
                         nprobe: Optional[int] = None, ef_search: Optional[int] = None,
-                        private_index: bool = False) -> "RAG":
+                        private_index: bool = False, device: Optional[str] = "cpu") -> "RAG":
         """``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index. With ``knowledge`` (a hot
         swap) the checkpoint's own settings, made for its index, are dropped: only these apply.
         ``private_index``: read a private copy of the FAISS index instead of mapping it shared (the default:
-        every process on the machine that maps it shares one copy)."""
+        every process on the machine that maps it shares one copy). ``device``: where the model runs (cpu, cuda:
+        this process's GPU, cuda:N; None: a GPU when there is one, else the CPU); a GPU without CUDA is a
+        one-line error, before anything is loaded."""
+        where = resolve_device(device, "device")
         from rag_plugin.util.quiet_import import import_fairseq_quietly
 
         import_fairseq_quietly()
@@ -92,7 +101,17 @@ class RAG:
         task = tasks.setup_task(cfg.task)
         model = task.build_model(cfg.model, from_checkpoint=True)  # served, not trained (see RetrievalContext)
         model.load_state_dict(state["model"], strict=True)
-        return cls(task, model)
+        return cls(task, model).to(where)
+
+    def to(self, device) -> "RAG":
+        """Move the model to ``device`` (as ``from_pretrained``'s); returns self."""
+        self.model.to(resolve_device(device, "device"))
+        return self
+
+    @property
+    def device(self):
+        """The ``torch.device`` the model computes on."""
+        return model_device(self.model)
 
     @property
     def version(self) -> int:
@@ -107,7 +126,9 @@ class RAG:
         self.model.context, self.model.retriever = context, context.retriever
         from rag_plugin.models.doc_encoder import check_document_agreement
 
-        check_document_agreement(self.model)  # --train-doc-encoder: are the new version's vectors its encoder's?
+        # --train-doc-encoder: are the new version's vectors its encoder's (the tower as loaded: the model may have
+        # been cast to half precision since)?
+        check_document_agreement(self.model, just_loaded=False)
         return version
 
     @property
@@ -127,7 +148,7 @@ class RAG:
 
         args = GenerationConfig(beam=beam, nbest=nbest, max_len_a=0, max_len_b=max_len_b, lenpen=lenpen, **generation)
         generator = self.task.build_generator([self.model], args)
-        device = next(self.model.parameters()).device
+        device = self.device
         store = self.task.knowledge.passages
         results: List[dict] = []
         questions = list(questions)

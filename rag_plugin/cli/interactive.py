@@ -1,7 +1,7 @@
 """``rag-interactive``: ask a trained RAG model questions, answers with their provenance.
 
     rag-interactive CHECKPOINT [--knowledge KS_DIR] [--n-docs 5] [--beam 4] [--nbest 1]
-        [--input questions.txt] [--json]
+        [--input questions.txt] [--json] [--device cuda]
 
 Reads one question per line from ``--input`` (or standard input, with a prompt when it is a
 terminal) and prints, per question, the answer with its score and the retrieved passages with
@@ -16,6 +16,8 @@ from rag_plugin.util.errors import UserError, cli_main
 
 
 def build_parser() -> ArgumentParser:
+    from rag_plugin.util.devices import DEVICE_HELP
+
     p = ArgumentParser(prog="rag-interactive", description=__doc__)
     p.add_argument("checkpoint", help="a checkpoint*.pt written by fairseq-train with the plugin")
     p.add_argument("--knowledge", default=None,
@@ -29,6 +31,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--input", default="-", help="file with one question per line ('-': standard input)")
     p.add_argument("--json", action="store_true", help="one JSON object per question")
     p.add_argument("--passages", type=int, default=3, help="passages shown per answer (text output)")
+    p.add_argument("--device", default=None, help=f"where the model runs: {DEVICE_HELP}")
     return p
 
 
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
     from rag_plugin.hub import RAG
 
     rag = RAG.from_pretrained(args.checkpoint, knowledge=args.knowledge, n_docs=args.n_docs,
-                              rag_decoding=args.rag_decoding)
+                              rag_decoding=args.rag_decoding, device=args.device)
     for question in _questions(args.input):
         result = rag.generate([question], beam=args.beam, nbest=args.nbest, max_len_b=args.max_len_b)[0]
         if args.json:

@@ -2,7 +2,7 @@
 from the other passages it reads?
 
     rag-probe-reader --checkpoint CKPT --data FILE.jsonl [--knowledge KS_DIR] [--n-docs 3] [--limit 200]
-        [--batch-size 16] [--seed 0] [--json-out probe.json]
+        [--batch-size 16] [--seed 0] [--json-out probe.json] [--device cuda]
 
 FILE.jsonl: KILT-style records whose ``provenance`` names gold passages of the knowledge source (their ids, or
 the id of a document split into ``<id>_<n>`` passages). For each such record (the first --limit), the answer is
@@ -22,6 +22,8 @@ from rag_plugin.util.io import atomic_write_json
 
 
 def build_parser() -> ArgumentParser:
+    from rag_plugin.util.devices import DEVICE_HELP
+
     p = ArgumentParser(prog="rag-probe-reader", description=__doc__)
     p.add_argument("--checkpoint", required=True, help="a RAG or FiD checkpoint*.pt written by fairseq-train")
     p.add_argument("--data", required=True, help="KILT-style JSONL with answers and gold passage provenance")
@@ -32,6 +34,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="questions per forward pass")
     p.add_argument("--seed", type=int, default=0, help="seed of the random passages and of the gold passage's slot")
     p.add_argument("--json-out", default=None, help="also write the numbers as JSON to this file")
+    p.add_argument("--device", default=None, help=f"where the model runs: {DEVICE_HELP}")
     return p
 
 
@@ -63,7 +66,8 @@ def main(argv=None) -> int:
     from rag_plugin.hub import RAG
 
     records = read_kilt(args.data)
-    rag = RAG.from_pretrained(args.checkpoint, knowledge=args.knowledge)  # as trained: a closed-book one is refused
+    # as trained: a closed-book one is refused
+    rag = RAG.from_pretrained(args.checkpoint, knowledge=args.knowledge, device=args.device)
     data = reader_probe.probe_questions(records, rows_by_passage_id(rag.task.knowledge.passages), args.limit)
     reader_probe.check(rag, data, args.n_docs)
     reader_probe.retrieve_enough(rag, data, args.n_docs)

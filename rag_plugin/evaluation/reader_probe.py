@@ -23,7 +23,8 @@ Per condition, two numbers:
   posterior under a uniform prior, ``p(y|x,z_gold) / sum_k p(y|x,z_k)``. ``1/K`` is a reader that cannot tell
   the passages apart.
 
-No fairseq command line: :func:`probe` takes a loaded :class:`rag_plugin.hub.RAG` (``rag-probe-reader`` loads it).
+No fairseq command line: :func:`probe` takes a loaded :class:`rag_plugin.hub.RAG` (``rag-probe-reader`` loads it),
+on whatever device its model is: the questions' tensors go there, the weights on the gold passage are summed there.
 """
 from __future__ import annotations
 
@@ -146,6 +147,13 @@ def retrieved_rows(model, net_input: dict, gold: List[List[int]], k: int) -> Lis
     return out
 
 
+def gold_weight(weights: torch.Tensor, rows: List[List[int]], gold: List[List[int]]) -> torch.Tensor:
+    """The summed weight ``weights`` [B, K] puts on each row's gold passage (``rows[b][k] == gold[b][0]``; 0 where no
+    row is gold), a 0-dim tensor on ``weights``' device."""
+    is_gold = torch.tensor([[row == g[0] for row in rr] for rr, g in zip(rows, gold)], device=weights.device)
+    return (weights * is_gold).sum()
+
+
 def check(rag, data: ProbeQuestions, k: int) -> None:
     """One-line errors for what cannot be probed: K < 2, no question with a gold passage, a closed-book model."""
     if k < 2:
@@ -164,8 +172,13 @@ def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0
     """Run the four conditions over ``data`` with the loaded model ``rag`` (:class:`rag_plugin.hub.RAG`).
 
     With a BM25 or hybrid retriever, call :func:`retrieve_enough` first (its candidates come with the dataset)."""
+    from fairseq import utils
+
+    from rag_plugin.util.devices import model_device
+
     check(rag, data, k)
     task, model = rag.task, rag.model
+    device = model_device(model)
     pad, n_store = task.dictionary.pad(), len(task.knowledge.passages)
     rng = random.Random(seed)
     sums = {c: [0.0, 0.0] for c in CONDITIONS}
@@ -176,6 +189,7 @@ def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0
         gold = [data.gold[i] for i in idx]
         dataset = task.build_dataset(questions, targets=[data.answers[i] for i in idx])
         sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+        sample = utils.apply_to_sample(lambda t: t.to(device), sample)  # a model on a GPU (as the hub's generate)
         ni = sample["net_input"]
         with torch.no_grad():
             retrieved = retrieved_rows(model, ni, gold, k)
@@ -187,8 +201,7 @@ def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0
                 r = torch.tensor(rows[cond], dtype=torch.long)
                 nll, weights = read_scores(model, ni["src_tokens"], ni["prev_output_tokens"], sample["target"], r, pad)
                 sums[cond][0] += float(nll.sum())
-                is_gold = torch.tensor([[row == g[0] for row in rr] for rr, g in zip(rows[cond], gold)])
-                sums[cond][1] += float((weights * is_gold).sum())  # 0 where no row is gold
+                sums[cond][1] += float(gold_weight(weights, rows[cond], gold))
         if progress is not None:
             progress(len(questions))
     n = len(data)

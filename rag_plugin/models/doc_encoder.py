@@ -309,16 +309,27 @@ def version_document_hash(knowledge) -> Optional[str]:
     return knowledge.manifest.get("document_tower_sha256") or knowledge.encoder_identity.get("passage_weights_sha256")
 
 
-def check_document_agreement(model) -> None:
+def served_tower_sha256(model, just_loaded: bool) -> str:
+    """The hash of a served model's document tower as loaded, computed when its weights were (``just_loaded``) and
+    kept: a served tower does not train, and a cast after loading (``.half()``/``.bfloat16()``: the hub, or
+    fairseq-generate's --fp16) rounds float32 weights that then no longer upcast to the bytes that were hashed."""
+    if just_loaded or getattr(model, "_served_tower_sha256", None) is None:
+        model._served_tower_sha256 = document_tower_sha256(model.doc_encoder)
+    return model._served_tower_sha256
+
+
+def check_document_agreement(model, just_loaded: bool = True) -> None:
     """Served from a checkpoint (not trained), a dense model must read a version whose vectors its document encoder
     made: its own (--train-doc-encoder), else the one it was trained with (a version re-embedded with another tower
-    would be read through a query encoder trained against other vectors). A one-line error."""
+    would be read through a query encoder trained against other vectors). A one-line error. ``just_loaded``: the
+    model's weights are as its checkpoint's (at load); else (another version opened later) the tower's hash is the
+    one computed then (:func:`served_tower_sha256`)."""
     context = model.context
     if not context.serving or context.knowledge is None or context.retriever is None or model.query_encoder is None:
         return
     trained = model.doc_encoder is not None
     if trained:
-        mine = document_tower_sha256(model.doc_encoder)
+        mine = served_tower_sha256(model, just_loaded)
     else:
         encoder = (model.knowledge_identity or {}).get("encoder") or {}
         mine = encoder.get("passage_weights_sha256")

@@ -175,6 +175,35 @@ def test_probe_refuses_k_below_two_and_data_without_gold(tiny_world):
         reader_probe.probe(rag, reader_probe.ProbeQuestions([], [], []), 3)
 
 
+def test_probe_hands_a_model_on_another_device_its_tensors_there(tiny_world, monkeypatch):
+    """A model on a GPU (here the meta device: a CPU tensor beside a meta one is an error, as beside a CUDA one):
+    every tensor probe() hands the model (retrieval and reads) is on the model's device, and the gold weights are
+    summed there (before: the batch stayed on the CPU, and the gold mask too)."""
+    rag = _rag(tiny_world, RagTokenModel, RagConfig)
+    data = reader_probe.probe_questions(read_kilt(str(tiny_world["data"] / "valid.jsonl")),
+                                        rows_by_passage_id(rag.task.knowledge.passages))
+    rag.model.to("meta")
+    seen = []
+
+    def retrieved(model, net_input, gold, k):
+        seen.extend(t.device for t in net_input.values() if torch.is_tensor(t))
+        return [[r for r in range(len(rag.task.knowledge.passages)) if r not in g][:k - 1] for g in gold]
+
+    def read(model, src, prev, target, rows, pad):
+        seen.extend((src.device, prev.device, target.device))
+        b, k = rows.shape
+        return torch.zeros(b), torch.full((b, k), 1.0 / k)
+
+    monkeypatch.setattr(reader_probe, "retrieved_rows", retrieved)
+    monkeypatch.setattr(reader_probe, "read_scores", read)
+    result = reader_probe.probe(rag, data, 3, batch_size=2)
+    assert len(seen) > 0 and set(seen) == {torch.device("meta")}
+    assert result.gold_share == {"gold+random": pytest.approx(1 / 3), "gold+retrieved": pytest.approx(1 / 3)}
+    weights, rows, gold = torch.tensor([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]), [[4, 7, 9], [1, 2, 3]], [[7], [5]]
+    assert float(reader_probe.gold_weight(weights, rows, gold)) == pytest.approx(0.5)  # row 0's gold (7) in slot 1
+    assert reader_probe.gold_weight(weights.to("meta"), rows, gold).device == torch.device("meta")
+
+
 def _train(world, save: Path, arch: str, criterion: str, *extra):
     cmd = [str(BIN / "fairseq-train"), str(world["data"]), "--user-dir", "rag_plugin", "--task",
            "retrieval_augmented", "--knowledge", str(world["ks"]), "--arch", arch, "--criterion", criterion,
@@ -218,5 +247,8 @@ def test_command_line_bad_input_is_one_line(tiny_world, tmp_path):
     elsewhere.write_text(json.dumps({"id": "a", "input": "Where?", "output": [{"answer": "x", "provenance":
                                                                                 [{"id": "other"}]}]}) + "\n")
     assert_one_line_error(_probe_cli("--checkpoint", ckpt, "--data", elsewhere), "gold passage")
+    if not torch.cuda.is_available():
+        assert_one_line_error(_probe_cli("--checkpoint", ckpt, "--data", data, "--device", "cuda"),
+                              "device cuda: CUDA is not available")
     closed = _train(tiny_world, tmp_path / "closed", "rag_token_tiny", "marginal_nll", "--n-docs", "0")
     assert_one_line_error(_probe_cli("--checkpoint", closed, "--data", data), "reads passages")

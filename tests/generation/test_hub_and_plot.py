@@ -1,3 +1,4 @@
+import copy
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,53 @@ def test_hub_keeps_its_version_until_reload(tiny_world, trained, tmp_path):
     assert rag.reload() == 2 and rag.version == 2
     after = rag.generate(question, beam=1, max_len_b=3)[0]["provenance"]
     assert top not in [p["id"] for p in after] and after[0]["id"] == before[1]["id"]
+
+
+def test_hub_device_option_and_to(tiny_world, tmp_path, monkeypatch):
+    """device= / RAG.to: a GPU without CUDA is a one-line error before anything loads; a model moved elsewhere
+    (meta here) is where RAG.device says."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(UserError, match="device cuda.*CUDA is not available") as err:
+            RAG.from_pretrained(str(tmp_path / "none.pt"), device=device)
+        assert "\n" not in str(err.value)
+    from tests.models.test_doc_encoder import _model, _task
+
+    task = _task(tiny_world)
+    rag = RAG(task, _model(task, from_checkpoint=True, query_encoder_lr_scale=1.0))
+    assert rag.device == torch.device("cpu") and rag.to("meta") is rag and rag.device == torch.device("meta")
+
+
+@pytest.mark.parametrize("dtype", ["half", "bfloat16"])
+def test_hub_reload_of_a_model_cast_to_half_precision_with_a_trained_document_encoder(tiny_world, tmp_path, dtype):
+    """A served model with --train-doc-encoder cast to half precision after loading reloads its knowledge source
+    (before: refused, its halved tower hashing unlike the float32 one that embedded the version), and a version
+    re-embedded with its tower; a version re-embedded with another tower is still refused."""
+    import shutil
+
+    import torch
+
+    from rag_plugin.indexing.reembed import reembed
+    from tests.models.test_doc_encoder import _model, _perturb, _task
+
+    shutil.copytree(tiny_world["data"], tmp_path / "qa")
+    shutil.copytree(tiny_world["ks"], tmp_path / "ks")
+    world = {"data": tmp_path / "qa", "ks": tmp_path / "ks"}
+    task = _task(world)
+    served = _model(task, from_checkpoint=True, query_encoder_lr_scale=1.0)
+    served.load_state_dict(served.state_dict())  # as a checkpoint loads it (the source's own tower: agrees)
+    rag = RAG(task, served)
+    own = served.doc_encoder_state()
+    getattr(rag.model, dtype)()
+    assert next(rag.model.doc_encoder.parameters()).dtype != torch.float32
+    assert rag.reload() == 1
+    other = copy.deepcopy(served.doc_encoder).float()
+    _perturb(other)
+    quiet = {"progress": False, "log": lambda m: None}
+    reembed(str(world["ks"]), {k: v.float() for k, v in other.state_dict().items()}, what="another tower", **quiet)
+    with pytest.raises(UserError, match="document encoder differs from the vectors of .* version 2"):
+        rag.reload()
+    reembed(str(world["ks"]), own, what="the served tower", **quiet)
+    assert rag.reload() == 3 and rag.version == 3
