@@ -23,8 +23,9 @@ from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path
 
 #: ``--fp16`` of the commands that embed passages
-FP16_HELP = ("embed in half precision (the encoder's forward under float16 autocast: about twice as fast on a GPU); "
-             "the vectors are stored float32, within float16 rounding of float32 ones")
+FP16_HELP = ("embed in half precision (the encoder's forward under float16 autocast), for a GPU: on a CPU without "
+             "float16 arithmetic it is several times slower than float32; the vectors are stored float32, within "
+             "float16 rounding of float32 ones")
 
 
 def embedding_encoder(encoder, device=None, fp16: bool = False):
