@@ -24,7 +24,7 @@ from omegaconf import II
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.criterions import retriever_loss as RL
-from rag_plugin.criterions.retrieval_health import top1_shared
+from rag_plugin.criterions.retrieval_health import VALID_KEY, top1_shared
 from rag_plugin.util.errors import UserError
 
 
@@ -82,6 +82,8 @@ class MarginalNLLCriterion(RL.AddsRetrieverLoss, FairseqCriterion):
         }
         if retriever is not None:
             stats["retriever_loss"] = retriever.sum().data
+        if not model.training:  # a validation step's: the valid-set collapse check counts them (retrieval_health)
+            stats[VALID_KEY] = nsentences
         gold = sample.get("gold_rows")
         if (not model.training and self.best_checkpoint_metric == "gold_doc_prob"
                 and (gold is None or net_output[1].get("doc_rows") is None)):

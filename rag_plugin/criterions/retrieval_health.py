@@ -10,6 +10,12 @@ reports and logs one warning per episode:
   top-1 passage (``top1_shared / nsentences``), at least ``share`` for ``patience`` batches in a row;
 * validation: the mean p(gold passage | x) of a whole validation pass below ``gold_floor`` while
   most questions share one top-1 passage, or falling below ``fall`` x that of the previous pass.
+
+The validation check reads the logging outputs as fairseq hands them to the task's ``reduce_metrics``
+(:meth:`CollapseMonitor.observe_reduced`): summed over every rank of a distributed job (each rank validates
+1/N of the valid set, and a rank out of batches adds zeros), so the pass, its mean and the decision are the
+whole valid set's, the same on every rank, and rank 0 alone logs the warning. The criterion marks a
+validation step's outputs with :data:`VALID_KEY`.
 """
 import logging
 from typing import Optional
@@ -17,6 +23,9 @@ from typing import Optional
 import torch
 
 logger = logging.getLogger(__name__)
+
+#: the logging-output key (the questions of the batch) a criterion adds in validation (the model in eval mode)
+VALID_KEY = "valid_questions"
 
 ADVICE = ("lower the query encoder's learning rate (--query-encoder-lr-scale, e.g. 3e-5 / --lr), "
           "or --freeze-query-encoder")
@@ -49,8 +58,18 @@ class CollapseMonitor:
             logger.warning("retrieval looks collapsed: for %d batches in a row, at least %d%% of a batch's questions "
                            "retrieved the same top passage (%s)", self.patience, round(100 * self.share), ADVICE)
 
+    def observe_reduced(self, logging_outputs, pass_sizes) -> None:
+        """A step's logging outputs as the task's ``reduce_metrics`` receives them (summed over the ranks); only
+        validation's (:data:`VALID_KEY`) count. A pass is complete when its questions reach one of
+        ``pass_sizes`` (the sizes of the valid sets)."""
+        valid = [stats for stats in logging_outputs if VALID_KEY in stats]
+        for stats in valid:
+            self.observe_valid(stats)
+        if valid and self.valid_count() in set(pass_sizes):
+            self.end_valid()
+
     def observe_valid(self, stats: dict) -> None:
-        """One validation batch's logging output."""
+        """One validation batch's logging output (of one rank, or summed over the ranks)."""
         for key, name in (("gold", "gold_doc_prob"), ("n_gold", "n_with_gold"), ("shared", "top1_shared"),
                           ("n", "nsentences")):
             self._valid[key] += float(stats.get(name, 0) or 0)
@@ -67,6 +86,8 @@ class CollapseMonitor:
         gold = v["gold"] / v["n_gold"]
         shared = v["shared"] / max(v["n"], 1.0)
         previous, self.previous_gold = self.previous_gold, gold
+        if not _first_rank():  # every rank decides alike (the sums are the job's); one says so
+            return
         if gold < self.gold_floor and shared >= self.share:
             logger.warning("retrieval looks collapsed on the valid set: mean p(gold passage | x) %.4f, and %d%% of the "
                            "questions share one top passage within their batch (%s)", gold, round(100 * shared),
@@ -74,3 +95,10 @@ class CollapseMonitor:
         elif previous is not None and previous >= 5 * self.gold_floor and gold < self.fall * previous:
             logger.warning("retrieval is getting worse on the valid set: mean p(gold passage | x) fell from %.4f to "
                            "%.4f (%s)", previous, gold, ADVICE)
+
+
+def _first_rank() -> bool:
+    """Not a distributed job, or its rank 0."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

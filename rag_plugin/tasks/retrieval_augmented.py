@@ -346,11 +346,13 @@ class RetrievalAugmentedTask(FairseqTask):
     def valid_step(self, sample, model, criterion):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
-        loss, sample_size, stats = super().valid_step(sample, model, criterion)
-        self.collapse.observe_valid(stats)
-        if self.collapse.valid_count() in {len(d) for split, d in self.datasets.items() if split != "train"}:
-            self.collapse.end_valid()  # a whole validation pass is in
-        return loss, sample_size, stats
+        return super().valid_step(sample, model, criterion)
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        # summed over the ranks: the valid-set collapse check sees the whole valid set, on every rank
+        self.collapse.observe_reduced(logging_outputs, [len(d) for split, d in self.datasets.items()
+                                                        if split != "train"])
 
     # ------------------------------------------------------------------ model
     def build_model(self, cfg, from_checkpoint=False):

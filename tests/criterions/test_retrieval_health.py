@@ -1,6 +1,7 @@
 """The retrieval-collapse warning and the query encoder's automatic learning-rate scale."""
 import logging
 
+import pytest
 import torch
 
 from rag_plugin.criterions.retrieval_health import CollapseMonitor, top1_shared
@@ -80,3 +81,91 @@ def test_the_readme_training_command_trains_the_query_encoder_at_3e_5(tiny_world
 
     weights = load_fairseq_checkpoint(str(tmp_path / "ckpt" / "checkpoint_last.pt"))["model"]
     assert any(".parametrizations.weight.original" in k for k in weights if k.startswith("query_encoder."))
+
+
+def _rank_stats(questions, gold_sum, shared):
+    """One rank's validation logging output for one batch, as marginal_nll writes it (tensors)."""
+    from rag_plugin.criterions.retrieval_health import VALID_KEY
+
+    t = torch.tensor
+    return {"loss": t(1.0), "nll_loss": t(1.0), "ntokens": 4 * questions, "nsentences": questions,
+            "sample_size": 4 * questions, "doc_entropy": t(0.5), "top1_doc_prob": t(0.5), "top1_shared": shared,
+            "gold_doc_prob": t(gold_sum), "n_with_gold": t(questions), "gold_hits_at_3": t(questions),
+            VALID_KEY: questions}
+
+
+def _summed(*per_rank):
+    """fairseq's aggregation across ranks (Trainer._fast_stat_sync_sum): each key summed; a rank out of batches
+    adds zeros (its dummy batch)."""
+    return {k: sum(stats[k] for stats in per_rank) for k in per_rank[0]}
+
+
+def _valid_pass(task, criterion, steps):
+    from fairseq import metrics
+
+    for outputs in steps:
+        with metrics.aggregate():
+            task.reduce_metrics(outputs, criterion)
+
+
+def test_valid_collapse_is_decided_on_every_ranks_counts(tiny_world, caplog):
+    """Issue 33 item 11a: two ranks validate the 5 valid questions in batches of 2 (rank 0: 2 then 1, rank 1: 2
+    then a dummy batch of zeros). Rank 0 alone looks collapsed (p(gold) 0), rank 1 alone healthy (0.02 each).
+    Fed what fairseq hands the task's reduce_metrics (each step's outputs summed over the ranks), the check
+    decides on the whole valid set; one rank's pass alone does not complete one (before, each rank counted its
+    own questions against the valid set's size: with 2 ranks a pass never ended where it did, and the warning
+    never fired or fired on a mix of two passes)."""
+    import rag_plugin
+
+    rag_plugin.register()
+    from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
+    from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
+
+    cfg = RetrievalAugmentedConfig(data=str(tiny_world["data"]), knowledge=str(tiny_world["ks"]), n_docs=3)
+    task = RetrievalAugmentedTask.setup_task(cfg)
+    task.load_dataset("valid")
+    assert len(task.datasets["valid"]) == 5
+    criterion = MarginalNLLCriterion(task)
+    rank0 = [_rank_stats(2, 0.0, 2), _rank_stats(1, 0.0, 0)]
+    dummy = {k: 0 * v for k, v in _rank_stats(2, 0.0, 0).items()}
+
+    def rank1(gold_each):
+        return [_rank_stats(2, 2 * gold_each, 2), dummy]
+
+    def summed_pass(gold_each):
+        return [[_summed(a, b)] for a, b in zip(rank0, rank1(gold_each), strict=True)]
+
+    with caplog.at_level(logging.WARNING):
+        _valid_pass(task, criterion, summed_pass(0.02))    # 0.04 / 5 = 0.008 < 0.01; 4 of 5 share a passage
+        assert len(_warnings(caplog)) == 1 and "collapsed on the valid set" in _warnings(caplog)[0]
+        assert "p(gold passage | x) 0.0080" in _warnings(caplog)[0] and "80%" in _warnings(caplog)[0]
+        assert task.collapse.valid_count() == 0 and task.collapse.previous_gold == pytest.approx(0.008)
+        _valid_pass(task, criterion, summed_pass(0.9))     # 1.8 / 5 = 0.36: healthy, whatever rank 0 alone says
+        assert len(_warnings(caplog)) == 1 and task.collapse.previous_gold == pytest.approx(0.36)
+        _valid_pass(task, criterion, [[stats] for stats in rank0])  # rank 0's own pass alone: 3 of 5 questions
+        assert len(_warnings(caplog)) == 1 and task.collapse.valid_count() == 3
+    training = type(task.collapse)()                        # a training step's outputs (no VALID_KEY) do not count
+    training.observe_reduced([{k: v for k, v in rank0[0].items() if k != "valid_questions"}], [2])
+    assert training.valid_count() == 0
+
+
+def test_marginal_nll_marks_validation_outputs(tiny_world):
+    import rag_plugin
+
+    rag_plugin.register()
+    from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
+    from rag_plugin.criterions.retrieval_health import VALID_KEY
+    from rag_plugin.models.rag import RagConfig, RagTokenModel
+    from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
+
+    cfg = RetrievalAugmentedConfig(data=str(tiny_world["data"]), knowledge=str(tiny_world["ks"]), n_docs=3)
+    task = RetrievalAugmentedTask.setup_task(cfg)
+    task.load_dataset("valid")
+    model = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0), task)
+    ds = task.datasets["valid"]
+    sample = ds.collater([ds[i] for i in range(3)])
+    criterion = MarginalNLLCriterion(task)
+    with torch.no_grad():
+        _, _, valid = criterion(model.eval(), sample)
+        _, _, train = criterion(model.train(), sample)
+    assert valid[VALID_KEY] == 3 and VALID_KEY not in train
