@@ -51,6 +51,8 @@ BATCH = 64
 HEADROOM_FRACTION, HEADROOM_BYTES = 0.10, 256 * 2 ** 20
 #: passages tokenized to estimate a large store's tokens before tokenizing all of it
 SAMPLE = 1000
+#: passages tokenized at a time while building (their ids go to a file beside the cache until it is complete)
+TOKENIZE_WINDOW = 8192
 
 
 def frozen_part(state: dict, layers: int) -> dict:
@@ -209,44 +211,74 @@ def _estimated_tokens(store, tokenize, count: int) -> int:
     return round(count * sum(len(x) for x in ids) / len(ids))
 
 
-def _build(tower, layers, key, store, tokenize, collate, directory: Path, progress: bool) -> None:
-    from tqdm.auto import tqdm
+def _tokenized(store, tokenize, count: int, path: Path) -> Tuple[np.ndarray, np.ndarray]:
+    """(token ids int32[T], memory-mapped from ``path``; offsets int64[count + 1]) of every passage, tokenized
+    :data:`TOKENIZE_WINDOW` at a time: the memory of tokenizing stays that of a window (a tokenizer's output for a
+    whole store at once takes ~200 bytes a token)."""
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    passages, done = iter(store.iter_titles_texts()), 0
+    with open(path, "wb") as out:
+        while done < count:
+            window = list(itertools.islice(passages, min(TOKENIZE_WINDOW, count - done)))
+            if not window:
+                raise ValueError(f"the passage store yielded {done} passages of {count}")
+            titles, texts = zip(*window)
+            ids = tokenize(list(titles), list(texts))
+            offsets[done + 1:done + 1 + len(ids)] = offsets[done] + np.cumsum([len(x) for x in ids])
+            for x in ids:
+                out.write(np.asarray(x, dtype=np.int32).tobytes())
+            done += len(ids)
+    tokens = int(offsets[-1])
+    ids = np.memmap(path, dtype=np.int32, mode="r", shape=(tokens,)) if tokens else np.zeros(0, dtype=np.int32)
+    return ids, offsets
 
+
+def _build(tower, layers, key, store, tokenize, collate, directory: Path, progress: bool) -> None:
     partial = directory.with_suffix(".partial")
     shutil.rmtree(partial, ignore_errors=True)  # a build that died: its space is free for this one
     count = len(store)
     hidden_size = int(tower.bert_model.config.hidden_size)
     if count > SAMPLE:  # before tokenizing the whole store (minutes at scale)
         check_disk(directory.parent, count, _estimated_tokens(store, tokenize, count), hidden_size, estimated=True)
-    titles, texts = zip(*store.iter_titles_texts()) if count else ((), ())
-    ids = tokenize(list(titles), list(texts))
-    offsets = np.zeros(count + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(x) for x in ids])
-    check_disk(directory.parent, count, int(offsets[-1]), hidden_size)
     partial.mkdir()
-    param = next(tower.parameters())
-    states = np.lib.format.open_memmap(partial / "states.npy", mode="w+", dtype=np.float32,
-                                       shape=(int(offsets[-1]), hidden_size))
-    order = sorted(range(count), key=lambda r: -len(ids[r]))  # little padding per batch
-    was_training = tower.training
-    tower.eval()
+    ids, offsets = _tokenized(store, tokenize, count, partial / "ids.int32")
     try:
-        with torch.inference_mode(), tqdm(total=count, unit="passage", disable=not progress,
-                                          desc=f"lower {layers} layers of the document encoder") as bar:
-            for start in range(0, count, BATCH):
-                rows = order[start:start + BATCH]
-                batch = collate([ids[r] for r in rows])
-                out = tower.lower_states(*(t.to(param.device) for t in batch), layers=layers).float().cpu().numpy()
-                for i, r in enumerate(rows):
-                    states[offsets[r]:offsets[r + 1]] = out[i, :len(ids[r])]
-                bar.update(len(rows))
-    finally:
-        tower.train(was_training)
-    states.flush()
-    del states
+        check_disk(directory.parent, count, int(offsets[-1]), hidden_size)
+    except UserError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    _write_states(tower, layers, ids, offsets, collate, partial / "states.npy", hidden_size, progress)
+    del ids
+    (partial / "ids.int32").unlink()
     np.save(partial / "offsets.npy", offsets)
     meta = {"layers": int(layers), "count": count, "hidden_size": hidden_size, "tokens": int(offsets[-1]),
             "key": key, "passages_sha256": store.sha256}
     (partial / META).write_text(json.dumps(meta, indent=1))
     shutil.rmtree(directory, ignore_errors=True)  # an incomplete one (no meta.json) from elsewhere
     os.replace(partial, directory)
+
+
+def _write_states(tower, layers: int, ids: np.ndarray, offsets: np.ndarray, collate, path: Path, hidden_size: int,
+                  progress: bool) -> None:
+    """The states of every passage after the tower's first ``layers`` layers, into ``path`` (float32[T, H])."""
+    from tqdm.auto import tqdm
+
+    count = len(offsets) - 1
+    param = next(tower.parameters())
+    states = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(int(offsets[-1]), hidden_size))
+    order = np.argsort(-np.diff(offsets), kind="stable")  # longest first: little padding per batch
+    was_training = tower.training
+    tower.eval()
+    try:
+        with torch.inference_mode(), tqdm(total=count, unit="passage", disable=not progress,
+                                          desc=f"lower {layers} layers of the document encoder") as bar:
+            for start in range(0, count, BATCH):
+                rows = order[start:start + BATCH].tolist()
+                batch = collate([ids[offsets[r]:offsets[r + 1]].astype(np.int64) for r in rows])  # writable
+                out = tower.lower_states(*(t.to(param.device) for t in batch), layers=layers).float().cpu().numpy()
+                for i, r in enumerate(rows):
+                    states[offsets[r]:offsets[r + 1]] = out[i, :offsets[r + 1] - offsets[r]]
+                bar.update(len(rows))
+    finally:
+        tower.train(was_training)
+    states.flush()

@@ -1,9 +1,11 @@
-"""The lower-layer cache (--doc-encoder-train-layers) against the free disk: its size (tokens x hidden x 4 bytes)
-checked before it is built, exactly for a small store and from a sample before tokenizing a large one; a cache that
-does not fit is a one-line error with the figures and the fix, and leaves nothing behind."""
+"""The lower-layer cache (--doc-encoder-train-layers) at scale: its size (tokens x hidden x 4 bytes) checked against
+the free disk before it is built, exactly for a small store and from a sample before tokenizing a large one (a cache
+that does not fit is a one-line error with the figures and the fix, and leaves nothing behind); the passages are
+tokenized a window at a time, into the same cache."""
 import collections
 import shutil
 
+import numpy as np
 import pytest
 
 from rag_plugin.retrieval.encoders import lower_states as cache
@@ -96,3 +98,20 @@ def test_the_figures_at_wikipedia_scale():
             cache.check_disk("/data/ks/.lower_states", 21_000_000, 21_000_000 * 150, 768, estimated=True)
     assert ("needs 9,677 GB (21,000,000 passages x ~150 tokens x hidden size 768 x 4 bytes, plus 10% headroom) but its "
             "disk has 2,000 GB free") in str(err.value)
+
+
+def test_the_build_tokenizes_a_window_at_a_time_into_the_same_cache(encoder, tmp_path, monkeypatch):
+    store = Store(70, seed=3)
+    whole = _build(encoder, store, tmp_path / "whole")
+    monkeypatch.setattr(cache, "TOKENIZE_WINDOW", 16)
+    sizes = []
+
+    def tokenize(titles, texts):
+        sizes.append(len(titles))
+        return encoder.tokenize_passages(titles, texts)
+
+    windowed = _build(encoder, store, tmp_path / "windowed", tokenize)
+    assert sizes == [16, 16, 16, 16, 6]
+    np.testing.assert_array_equal(windowed.offsets, whole.offsets)
+    np.testing.assert_array_equal(np.asarray(windowed.states), np.asarray(whole.states))
+    assert sorted(p.name for p in windowed.directory.iterdir()) == ["meta.json", "offsets.npy", "states.npy"]
