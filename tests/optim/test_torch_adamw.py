@@ -294,7 +294,9 @@ def test_expert_parameters_take_fairseqs_path():
 
 def test_gradient_norm_is_accurate():
     """The norm from per-tensor dot products against float64, on a large gradient (where torch's
-    float32 norm, fairseq's, is off by 1.3e-4 relative), a non-contiguous one and a complex one."""
+    float32 norm, fairseq's, is off by 1.3e-4 relative), a non-contiguous one and a complex one: within
+    the module's stated 5e-5 and closer than torch's float32 norm. (How close depends on the BLAS's
+    threads: 1.4e-5 with 2 threads here, 4.8e-5 with one, which a bound of 2e-5 failed.)"""
     g = torch.Generator().manual_seed(5)
     big = torch.nn.Parameter(torch.zeros(5_000_000))
     big.grad = torch.randn(5_000_000, generator=g)
@@ -305,7 +307,9 @@ def test_gradient_norm_is_accurate():
     expected = torch.linalg.vector_norm(torch.cat([big.grad.double(), strided.grad.double().flatten()]))
     norm = opt.clip_grad_norm(0.0)
     assert norm.dtype == torch.float32
-    torch.testing.assert_close(norm.double(), expected, rtol=2e-5, atol=0)
+    torch.testing.assert_close(norm.double(), expected, rtol=5e-5, atol=0)
+    fairseqs = torch.linalg.vector_norm(torch.cat([big.grad, strided.grad.flatten()])).double()
+    assert abs(norm.double() - expected) < abs(fairseqs - expected)
     odd = [torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))]
     odd[0].grad = torch.tensor([3 + 4j, 0, 0], dtype=torch.complex64)
     torch.testing.assert_close(TorchAdamW(_cfg(), odd).clip_grad_norm(0.0), torch.tensor(5.0))
