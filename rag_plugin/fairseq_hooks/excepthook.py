@@ -65,8 +65,6 @@ def missing_accelerator_message(exc: BaseException) -> Optional[str]:
     return None
 
 
-
-
 def unsupported_option_message(exc: BaseException) -> Optional[str]:
     """A one-line message if fairseq-generate failed on an option that rag_plugin does not support
     before the plugin could refuse it: ``--replace-unk`` stops at fairseq's assertion that the
@@ -82,6 +80,24 @@ def unsupported_option_message(exc: BaseException) -> Optional[str]:
             tb = tb.tb_next
     return None
 
+
+def resume_mismatch_message(exc: BaseException) -> Optional[str]:
+    """A one-line message if fairseq's resume refused the checkpoint's optimizer state because another optimizer or
+    criterion wrote it: a run that switches between float32 and ``--fp16``/``--bf16``/``--amp`` (each wraps the
+    optimizer in another class) stops at fairseq's assertion with "Optimizer does not match ... A vs B"."""
+    for e in exception_chain(exc):
+        text = str(e)
+        if isinstance(e, AssertionError) and "does not match; please reset the optimizer" in text:
+            what = "optimizer" if text.startswith("Optimizer") else "criterion"
+            names = text.rsplit(". ", 1)[-1]
+            return (f"the checkpoint's optimizer state was written with another {what} than this run's ({names}; "
+                    f"--fp16, --bf16 and --amp each wrap the optimizer) (fix: resume with the options that wrote it, "
+                    f"or add --reset-optimizer to keep the weights and start the optimizer afresh)")
+    return None
+
+
+#: fairseq failures that are bad options, each turned into one line (exit 2) by the hook below
+OPTION_MESSAGES = (missing_accelerator_message, unsupported_option_message, resume_mismatch_message)
 
 #: one last line per process: the main thread's hook or the error relay's thread (rank_errors), not both
 _stopping = threading.Lock()
@@ -111,8 +127,8 @@ def stop_process(message: str, status: int, relayed: bool = False) -> None:
 def install_excepthook() -> None:
     """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2; a
     collective failing because another rank died: one line, exit 1; fairseq failing for want of
-    the accelerator an option asks for (:func:`missing_accelerator_message`), or on an option the
-    plugin does not support (:func:`unsupported_option_message`): one line, exit 2."""
+    the accelerator an option asks for, on an option the plugin does not support, or on a resume with other
+    precision options (:data:`OPTION_MESSAGES`): one line, exit 2."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -128,12 +144,10 @@ def install_excepthook() -> None:
             if relayed is not None:
                 stop_process(relayed, 2, relayed=True)
             stop_process(lost, 1)
-        accelerator = missing_accelerator_message(exc) if exc is not None else None
-        if accelerator is not None:
-            stop_process(accelerator, 2)
-        unsupported = unsupported_option_message(exc) if exc is not None else None
-        if unsupported is not None:
-            stop_process(unsupported, 2)
+        for option_message in OPTION_MESSAGES if exc is not None else ():
+            message = option_message(exc)
+            if message is not None:
+                stop_process(message, 2)
         previous(exc_type, exc, tb)
 
     if getattr(sys.excepthook, "_rag_plugin", False):

@@ -373,7 +373,8 @@ def test_import_installs_nothing_and_install_patches_every_wrapper():
 def test_fairseq_train_cpu_bf16_and_fp16_keep_the_towers_decay(tiny_world, tmp_path):
     """fairseq-train --cpu with --bf16 (no --tpu) and --fp16 (flattening requested: kept unflattened), torch_adamw,
     --weight-decay 0.01, the query encoder at 0.03 x lr: 3 updates each; the saved optimizer state has the two
-    groups of a float32 run (decay 0.01 and 3e-4), float32 moments; --fp16 records its loss scale."""
+    groups of a float32 run (decay 0.01 and 3e-4), float32 moments; --fp16 records its loss scale. Resumed in float32,
+    the --bf16 run's state stops at fairseq's check of the optimizer wrapper with a one-line error."""
     extra = ["--optimizer", "torch_adamw", "--weight-decay", "0.01", "--query-encoder-lr-scale", str(TOWER_SCALE),
              "--max-update", "3", "--disable-validation"]
     jobs = {name: _Job(_args(tiny_world, tmp_path / name, extra=[*extra, flag]), tmp_path)
@@ -392,6 +393,13 @@ def test_fairseq_train_cpu_bf16_and_fp16_keep_the_towers_decay(tiny_world, tmp_p
         assert moments and {t.dtype for t in moments} == {torch.float32}
         assert ("loss_scale" in optimizer_state) == (name == "fp16")
         assert not state["cfg"]["common"]["tpu"]
+    # a resume in float32 of the --bf16 run: fairseq refuses another optimizer wrapper's state, in one line
+    from tests.conftest import assert_one_line_error
+
+    proc = subprocess.run(_args(tiny_world, tmp_path / "bf16", extra=[*extra[:-3], "--max-update", "4"]),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc, "written with another optimizer than this run's (FP16Optimizer vs TorchAdamW; "
+                                "--fp16, --bf16 and --amp each wrap the optimizer) (fix: resume with the options")
 
 
 @pytest.mark.parametrize("flags, needle", [(["--bf16", "--fp16"], "--bf16 and --fp16 together"),
