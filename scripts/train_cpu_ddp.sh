@@ -13,7 +13,8 @@
 # CPU (it counts CUDA devices), hence torchrun + these flags:
 #   --cpu --distributed-init-method env:// --distributed-world-size $WORLD_SIZE
 #   --distributed-rank $RANK --distributed-no-spawn --distributed-backend gloo
-#   --ddp-backend legacy_ddp   (pytorch_ddp passes CUDA device_ids)
+#   --ddp-backend legacy_ddp   unless the arguments name one: --ddp-backend pytorch_ddp trains with torch's
+#                              DistributedDataParallel (the plugin wraps a CPU model without CUDA device_ids)
 # On resume rank 0 loads checkpoint_last.pt (safe loading, weights_only=True, with the
 # plugin's allow-list) and broadcasts it; the other ranks unpickle fairseq's tensor
 # placeholders, which the allow-list includes.
@@ -63,6 +64,11 @@ fi
 # torchrun sets OMP_NUM_THREADS=1 per process when it starts several; keep an explicit value.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
+ddp=(--ddp-backend legacy_ddp)
+for arg in "$@"; do
+    [[ "$arg" == --ddp-backend* ]] && ddp=()
+done
+
 exec "$train" "$@" \
     --cpu \
     --distributed-init-method env:// \
@@ -70,4 +76,4 @@ exec "$train" "$@" \
     --distributed-rank "$RANK" \
     --distributed-no-spawn \
     --distributed-backend gloo \
-    --ddp-backend legacy_ddp
+    ${ddp[@]+"${ddp[@]}"}

@@ -15,7 +15,11 @@ update that every trainable parameter holds a gradient (the last update too, whi
 next one), and, with ``--store-ema``, that fairseq's EMA copy shares the model's knowledge source, still a
 memory map, and that nothing closed a file descriptor twice.
 
-Marked ``slow``: about 40 s on 2 cores for the whole matrix (one process start, then ~1 s a case).
+One more test runs item 4's case on two real gloo ranks (torchrun + scripts/train_cpu_ddp.sh --ddp-backend
+pytorch_ddp) and checks that both ranks end with the same parameters.
+
+Marked ``slow``: about 40 s on 2 cores for the whole matrix (one process start, then ~1 s a case), 25 s for
+the two-rank run.
 """
 import json
 import os
@@ -197,3 +201,36 @@ def test_store_ema_shares_the_memory_mapped_knowledge_source(runs):
     assert r["ema"] == {"is_copy": True, "weights_apart": True, "shares_retriever": True, "shares_context": True,
                         "vectors_memmap": True}
     assert r["unraisable"] == []
+
+
+def test_two_rank_torch_ddp_fid_adist_with_a_start_keeps_the_ranks_identical(tiny_world, tmp_path):
+    """The case of issue 33 item 4 on two gloo ranks (torchrun + scripts/train_cpu_ddp.sh --ddp-backend
+    pytorch_ddp): FiD + adist + --retriever-loss-start 2 trains past update 2 with torch's DDP averaging the
+    gradients, and both ranks end with the same parameters (test_distributed.py's driver records them)."""
+    import stat
+
+    from tests.fairseq_parts.test_distributed import DRIVER as RECORDING_DRIVER
+
+    driver = tmp_path / "ddp_driver.py"
+    driver.write_text(RECORDING_DRIVER.format(python=sys.executable))
+    driver.chmod(driver.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, RAG_DDP_TEST_OUT=str(out), FAIRSEQ_TRAIN=str(driver), OMP_NUM_THREADS="1",
+               PYTHONPATH=str(ROOT))
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
+           str(ROOT / "scripts" / "train_cpu_ddp.sh"), str(tiny_world["data"]), "--user-dir", str(ROOT / "rag_plugin"),
+           "--task", "retrieval_augmented", "--knowledge", str(tiny_world["ks"]), "--arch", "fid_tiny",
+           "--criterion", "reader_cross_entropy", "--n-docs", "3", "--retriever-loss", "adist",
+           "--retriever-loss-start", "2", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4",
+           "--max-update", "4", "--seed", "1", "--save-dir", str(tmp_path / "ckpt"), "--no-epoch-checkpoints",
+           "--num-workers", "0", "--no-progress-bar", "--log-interval", "1", "--log-format", "simple",
+           "--disable-validation", "--ddp-backend", "pytorch_ddp"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "'ddp_backend': 'pytorch_ddp'" in log and "'ddp_backend': 'legacy_ddp'" not in log
+    records = [[json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert records[0][-1]["num_updates"] == records[1][-1]["num_updates"] == 4
+    assert records[0][-1]["world_size"] == 2 and records[0][-1]["hash"] == records[1][-1]["hash"]
