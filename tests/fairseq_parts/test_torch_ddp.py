@@ -47,7 +47,6 @@ from fairseq.trainer import Trainer
 cases, out_path, store = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
 Trainer.use_distributed_wrapper = property(lambda self: True)  # fairseq wraps only for a world larger than one
-sys.argv[0] = "fairseq-train"  # the plugin's command-line hooks install as under fairseq-train
 record = {}
 unraisable = []
 sys.unraisablehook = lambda info: unraisable.append(repr(info.exc_value))
@@ -85,8 +84,9 @@ for case in cases:
     record.clear()
     record.update(name=case["name"], steps=[])
     try:
+        sys.argv = ["fairseq-train", *case["args"]]  # as fairseq-train sees it (its parser reads --user-dir first)
         parser = options.get_training_parser()
-        args = options.parse_args_and_arch(parser, input_args=case["args"])
+        args = options.parse_args_and_arch(parser)
         fairseq_cli.train.main(convert_namespace_to_omegaconf(args))
         record["ok"] = True
     except BaseException as e:  # recorded: the next case runs
@@ -140,6 +140,9 @@ CASES = {
     "doc_encoder_lr_scale_1": ["--train-doc-encoder", "--query-encoder-lr-scale", "1"],
     "doc_encoder_pdist_start": ["--train-doc-encoder", *_start("pdist")],
     "store_ema": ["--store-ema", "--ema-start-update", "1", "--save"],  # saves a checkpoint (with the EMA)
+    "amp": ["--amp"],  # CPU autocast (rag_plugin/fairseq_hooks/mixed_precision.py)
+    "bf16": ["--bf16"],
+    "fid_adist_start_amp": [*FID, *_start("adist"), "--amp"],
 }
 
 
