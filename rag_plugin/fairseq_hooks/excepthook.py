@@ -100,7 +100,8 @@ def resume_mismatch_message(exc: BaseException) -> Optional[str]:
 OPTION_MESSAGES = (missing_accelerator_message, unsupported_option_message, resume_mismatch_message)
 
 #: one last line per process: the main thread's hook or the error relay's thread (rank_errors), not both
-_stopping = threading.Lock()
+#: (reentrant: an error inside stop_process itself must not deadlock its own thread)
+_stopping = threading.RLock()
 
 
 def stop_process(message: str, status: int, relayed: bool = False) -> None:
