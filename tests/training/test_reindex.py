@@ -58,16 +58,22 @@ def _expected_vectors(ks: KnowledgeSource, state: dict) -> np.ndarray:
                                    [ks.passages.text(r) for r in range(N)], progress=False)
 
 
-def test_two_ranks_switch_at_the_same_step_to_what_their_snapshot_embeds(tmp_path):
-    root = _build(tmp_path)
+def run_two_ranks(tmp_path, root, *worker_args):
+    """reindex_worker.py's ``run`` on two gloo ranks (``worker_args`` after it); each rank's JSON record."""
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(root), str(tmp_path / f"out{r}.json"), "run", "5"],
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(root), str(tmp_path / f"out{r}.json"), "run",
+                               *worker_args],
                               env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     for proc in procs:
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
-    runs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
+
+
+def test_two_ranks_switch_at_the_same_step_to_what_their_snapshot_embeds(tmp_path):
+    root = _build(tmp_path)
+    runs = run_two_ranks(tmp_path, root, "5")
     assert runs[0]["read"] == runs[1]["read"]  # the same version (and retriever) at every step on both ranks
     assert runs[0]["started"] == runs[1]["started"]
     read = [v for v, _ in runs[0]["read"]]

@@ -2,10 +2,7 @@
 the rank's own GPU whatever LOCAL_RANK says (fairseq's launcher and SLURM never set it); ``--reindex-switch-after M``
 switches at the start update + M exactly, for a re-index that lands long before and for one the trainer must wait
 for, on two gloo ranks one of which sees the new version late; and the options' one-line errors."""
-import json
 import logging
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +15,7 @@ from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.training import reindex
 from rag_plugin.util.errors import UserError
 from tests.training.reindex_worker import CHUNK, FakeModel, FakeTask, tower_state_at
-from tests.training.test_reindex import WORKER, _build, _env, _free_port
+from tests.training.test_reindex import _build, run_two_ranks
 
 
 @pytest.fixture
@@ -140,16 +137,7 @@ def test_switch_after_m_updates_is_the_same_update_for_a_fast_and_a_slow_reindex
 def test_two_ranks_switch_at_the_start_plus_m_even_when_one_sees_the_version_late(tmp_path):
     """reindex_worker.py's two ranks (rank 1 sees a new version 5 steps after it lands) with
     --reindex-switch-after 40: both switch at exactly start + 40."""
-    root = _build(tmp_path)
-    port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(root), str(tmp_path / f"out{r}.json"), "run", "5",
-                               "40"],
-                              env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-3000:]
-    runs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
+    runs = run_two_ranks(tmp_path, _build(tmp_path), "5", "40")
     assert runs[0]["read"] == runs[1]["read"] and runs[0]["started"] == runs[1]["started"]
     read = [v for v, _ in runs[0]["read"]]
     switches = [step for step in range(1, len(read)) if read[step] != read[step - 1]]
