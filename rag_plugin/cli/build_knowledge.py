@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     from rag_plugin.core.input_format import InputFormat
     from rag_plugin.indexing import BuildSettings, build_knowledge_source
     from rag_plugin.indexing.distributed import BuildGroup
-    from rag_plugin.indexing.embedding import embedding_encoder, embedding_record
+    from rag_plugin.indexing.embedding import embedding_device, embedding_encoder, embedding_record
     from rag_plugin.retrieval.index import set_faiss_threads
     from rag_plugin.retrieval.threads import faiss_thread_budget
 
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
             torch.set_num_threads(args.threads)
         # not all CPUs per process: torch's threads beside the encoder on the CPU (torchrun: its OMP_NUM_THREADS),
         # the cores per process on the node with the encoder on a GPU
-        set_faiss_threads(args.threads or faiss_thread_budget(next(encoder.passage_tower.parameters()).device))
+        set_faiss_threads(args.threads or faiss_thread_budget(embedding_device(encoder)))
         build_knowledge_source(args.out, settings, encoder=encoder, shard_size=args.shard_size,
                                batch_size=args.batch_size, restart=args.restart, progress=not args.quiet,
                                reuse_vectors_from=args.reuse_vectors_from, log=lambda m: print(m, file=sys.stderr),

@@ -31,7 +31,9 @@ FP16_HELP = ("embed in half precision (the encoder's forward under float16 autoc
 def embedding_encoder(encoder, device=None, fp16: bool = False):
     """``encoder`` (a :class:`~rag_plugin.retrieval.encoders.TextEncoder`, or a spec to load) on ``device`` (a
     ``--device`` value: None for a GPU when there is one, else the CPU), its forward in half precision with
-    ``fp16`` (:meth:`~rag_plugin.retrieval.encoders.text_encoder.TextEncoder.for_embedding`)."""
+    ``fp16`` (:meth:`~rag_plugin.retrieval.encoders.text_encoder.TextEncoder.for_embedding`). Another object with
+    the encoder interface only (``encode_passages``, ...) runs where it runs: asked explicitly for a GPU or for
+    ``fp16``, it is a one-line error."""
     from rag_plugin.util.devices import resolve_device
 
     where = resolve_device(device)  # first: a bad --device is an error before any weights load
@@ -39,7 +41,20 @@ def embedding_encoder(encoder, device=None, fp16: bool = False):
         from rag_plugin.retrieval.encoders import load_encoder
 
         encoder = load_encoder(encoder)
+    if not hasattr(encoder, "for_embedding"):
+        if fp16 or (device is not None and where.type != "cpu"):
+            raise UserError(f"the encoder {type(encoder).__name__} chooses its own device and precision",
+                            fix="leave --device and --fp16 out for it")
+        return encoder
     return encoder.for_embedding(where, fp16)
+
+
+def embedding_device(encoder):
+    """Where ``encoder`` embeds: its passage tower's device; the CPU for an encoder without towers."""
+    import torch
+
+    tower = getattr(encoder, "passage_tower", None)
+    return next(tower.parameters()).device if tower is not None else torch.device("cpu")
 
 
 def embedding_record(encoder) -> dict:

@@ -10,6 +10,7 @@ from rag_plugin.indexing import BuildSettings, build_knowledge_source
 from rag_plugin.indexing.reembed import reembed
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.knowledge import KnowledgeSource
+from rag_plugin.util.errors import UserError
 from tests.conftest import assert_one_line_error, synthetic_passages, write_jsonl
 from tests.indexing.test_build_cli import _run
 from tests.indexing.test_reembed import _cli, _own_state, _perturbed, _vectors
@@ -99,3 +100,15 @@ def test_every_tensor_the_towers_get_is_on_their_device():
     vectors = encoder.encode_passages(["a", "b", None], ["one text", "two texts here", "three"], batch_size=2)
     assert vectors.shape == (3, 64) and vectors.dtype == np.float32
     assert seen == [{torch.device("meta")}] * 2
+
+
+def test_an_encoder_with_the_interface_only_runs_where_it_runs(hashing_encoder):
+    """The tests' HashingEncoder (encode_passages, encode_queries, identity; no towers to move): used as it is by
+    default, and a one-line error when --fp16 or a GPU is asked for explicitly (the distributed build's tests
+    embed with it)."""
+    from rag_plugin.indexing.embedding import embedding_encoder
+
+    assert embedding_encoder(hashing_encoder) is hashing_encoder
+    assert embedding_encoder(hashing_encoder, "cpu") is hashing_encoder
+    with pytest.raises(UserError, match="chooses its own device and precision"):
+        embedding_encoder(hashing_encoder, "cpu", fp16=True)
