@@ -14,8 +14,6 @@ from rag_plugin.retrieval.threads import local_processes, threads_per_process, u
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["choose_threads", "threads_per_process"]
-
 
 def choose_threads() -> int:
     """Set torch's intra-op threads for this process (unless ``OMP_NUM_THREADS`` says) and log them."""

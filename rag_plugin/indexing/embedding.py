@@ -53,8 +53,10 @@ def embedding_device(encoder):
     """Where ``encoder`` embeds: its passage tower's device; the CPU for an encoder without towers."""
     import torch
 
+    from rag_plugin.util.devices import model_device
+
     tower = getattr(encoder, "passage_tower", None)
-    return next(tower.parameters()).device if tower is not None else torch.device("cpu")
+    return model_device(tower) if tower is not None else torch.device("cpu")
 
 
 def embedding_record(encoder) -> dict:

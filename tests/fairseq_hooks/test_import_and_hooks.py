@@ -127,7 +127,7 @@ def test_rag_train_runs_anywhere_and_refuses_a_wrong_user_dir(tiny_world, tmp_pa
 
 
 def test_threads_per_process():
-    from rag_plugin.fairseq_hooks.threads import threads_per_process
+    from rag_plugin.retrieval.threads import threads_per_process
 
     assert threads_per_process(2, 1) == 2 and threads_per_process(8, 4) == 2 and threads_per_process(2, 4) == 1
 
