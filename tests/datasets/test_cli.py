@@ -4,9 +4,8 @@ import json
 import subprocess
 import sys
 
-from dataset_fixtures import REPO, assert_one_line_error, read_jsonl, run_prepare
-
 from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records
+from tests.datasets.dataset_fixtures import REPO, assert_one_line_error, read_jsonl, run_prepare
 
 DATASETS = ("nq", "triviaqa", "webquestions", "curatedtrec", "msmarco", "jeopardy", "fever")
 

@@ -2,11 +2,11 @@
 import json
 
 import pytest
-from dataset_fixtures import FEVER_ORIGINAL, check_readable, read_jsonl, run_prepare, write_jsonl
 
 from rag_plugin.datasets.fever import convert_fever
 from rag_plugin.datasets.writer import SPLITS
 from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import FEVER_ORIGINAL, check_readable, read_jsonl, run_prepare, write_jsonl
 
 
 def test_fever_original_three_and_two_way(tmp_path):

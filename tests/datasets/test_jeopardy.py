@@ -2,11 +2,11 @@
 import json
 
 import pytest
-from dataset_fixtures import JEOPARDY, check_readable, read_jsonl, run_prepare, splits, write_json
 
 from rag_plugin.datasets.jeopardy import clean_jeopardy_text, convert_jeopardy
 from rag_plugin.datasets.writer import SPLITS
 from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import JEOPARDY, check_readable, read_jsonl, run_prepare, splits, write_json
 
 
 def test_clean_jeopardy_text():

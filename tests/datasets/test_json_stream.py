@@ -1,9 +1,9 @@
 """The streaming JSON parser of the converters (rag_plugin.datasets.json_stream)."""
 import pytest
-from dataset_fixtures import write_json
 
 from rag_plugin.datasets.json_stream import JsonStream
 from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import write_json
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 64, 1 << 16])

@@ -4,7 +4,11 @@ import gzip
 import json
 
 import pytest
-from dataset_fixtures import (
+
+from rag_plugin.datasets.msmarco import convert_msmarco
+from rag_plugin.datasets.writer import SPLITS
+from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import (
     MARCO_DEV,
     MARCO_TRAIN,
     NQ_QAS_DEV,
@@ -16,10 +20,6 @@ from dataset_fixtures import (
     write_json,
     write_lines,
 )
-
-from rag_plugin.datasets.msmarco import convert_msmarco
-from rag_plugin.datasets.writer import SPLITS
-from rag_plugin.util.errors import UserError
 
 
 def test_msmarco_prefers_well_formed_answers_and_skips_no_answer(tmp_path):

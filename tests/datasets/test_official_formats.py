@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from dataset_fixtures import (
+
+from rag_plugin.datasets.fever import convert_fever
+from rag_plugin.datasets.jeopardy import convert_jeopardy
+from rag_plugin.datasets.msmarco import convert_msmarco
+from rag_plugin.datasets.open_qa import convert_open_qa
+from rag_plugin.datasets.qa_layouts import parse_target_value
+from rag_plugin.datasets.writer import SPLITS
+from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import (
     FEVER_ORIGINAL,
     JEOPARDY,
     MARCO_DEV,
@@ -26,14 +34,6 @@ from dataset_fixtures import (
     write_jsonl,
     write_lines,
 )
-
-from rag_plugin.datasets.fever import convert_fever
-from rag_plugin.datasets.jeopardy import convert_jeopardy
-from rag_plugin.datasets.msmarco import convert_msmarco
-from rag_plugin.datasets.open_qa import convert_open_qa
-from rag_plugin.datasets.qa_layouts import parse_target_value
-from rag_plugin.datasets.writer import SPLITS
-from rag_plugin.util.errors import UserError
 
 # ----------------------------------------------------------------------------- NQ-open
 NQ_OPEN_TRAIN = [  # NQ-open.train.jsonl: {"question", "answer": [...]}, no id

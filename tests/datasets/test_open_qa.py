@@ -4,7 +4,11 @@ import gzip
 import json
 
 import pytest
-from dataset_fixtures import (
+
+from rag_plugin.data.kilt import read_kilt
+from rag_plugin.datasets.open_qa import convert_open_qa
+from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import (
     CT_QAS,
     NQ_QAS_DEV,
     NQ_QAS_TRAIN,
@@ -23,10 +27,6 @@ from dataset_fixtures import (
     write_jsonl,
     write_lines,
 )
-
-from rag_plugin.data.kilt import read_kilt
-from rag_plugin.datasets.open_qa import convert_open_qa
-from rag_plugin.util.errors import UserError
 
 
 def test_nq_dpr_qas_train_dev_carves_valid_and_dev_becomes_test(tmp_path):

@@ -3,7 +3,10 @@ nothing output, the rules of the output directory and of the splits."""
 import json
 
 import pytest
-from dataset_fixtures import (
+
+from rag_plugin.datasets.open_qa import convert_open_qa
+from rag_plugin.util.errors import UserError
+from tests.datasets.dataset_fixtures import (
     FEVER_ORIGINAL,
     NQ_QAS_DEV,
     NQ_QAS_TRAIN,
@@ -15,9 +18,6 @@ from dataset_fixtures import (
     write_jsonl,
     write_lines,
 )
-
-from rag_plugin.datasets.open_qa import convert_open_qa
-from rag_plugin.util.errors import UserError
 
 
 def test_malformed_qas_line_is_a_one_line_error_and_leaves_nothing(tmp_path):

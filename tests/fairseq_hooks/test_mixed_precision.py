@@ -23,7 +23,7 @@ from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optim
 from rag_plugin.fairseq_hooks import mixed_precision  # noqa: E402
 from rag_plugin.models.rag import scale_learning_rate  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
-from tests.fairseq_parts.test_training import ROOT, _args, _Job, _load, _updates  # noqa: E402
+from tests.tasks.test_training import ROOT, _args, _Job, _load, _updates  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("command_line_hooks")
 

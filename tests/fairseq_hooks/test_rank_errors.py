@@ -1,7 +1,7 @@
 """The relay of one-line errors between ranks (rag_plugin/fairseq_hooks/rank_errors.py), its ranks sharing an
 in-memory c10d store in one process: the first published line is the job's, another rank's watching thread
 stops its process with that line (exit 2) and the publisher's does not, every rank waits for the others' lines
-(bounded), and rank 0 leaves last at the end of a run. Two real ranks: tests/fairseq_parts/test_rank_failure.py."""
+(bounded), and rank 0 leaves last at the end of a run. Two real ranks: tests/fairseq_hooks/test_rank_failure.py."""
 import threading
 import time
 

@@ -1,7 +1,7 @@
 """A deep copy of a model (fairseq's --store-ema keeps its moving average in ``copy.deepcopy(model)``) shares the
 knowledge source, its passage store, vectors and index, the retriever and the retrieval context: the vectors stay
 one read-only memory map, the version's lock keeps one owner of its file descriptor, and the copy's weights are
-its own. fairseq-train with --store-ema runs end to end in tests/fairseq_parts/test_torch_ddp.py."""
+its own. fairseq-train with --store-ema runs end to end in tests/fairseq_hooks/test_torch_ddp.py."""
 import copy
 import gc
 import os

@@ -20,8 +20,8 @@ from rag_plugin.models import doc_encoder as doc_side  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
-from tests.fairseq_parts.test_training import _args, _env, _load  # noqa: E402
 from tests.generation.test_fid_cli import _assert_one_line_error, _run  # noqa: E402
+from tests.tasks.test_training import _args, _env, _load  # noqa: E402
 
 
 def _task(world, n_docs=3, **kw):

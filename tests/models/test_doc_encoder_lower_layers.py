@@ -15,7 +15,6 @@ rag_plugin.register()
 from rag_plugin.models import doc_encoder as doc_side  # noqa: E402
 from rag_plugin.models.rag import RagConfig  # noqa: E402
 from rag_plugin.retrieval.knowledge import KnowledgeSource  # noqa: E402
-from tests.fairseq_parts.test_training import _args, _env, _load  # noqa: E402
 from tests.models.test_doc_encoder import (  # noqa: E402
     _batch,
     _fairseq_cfg,
@@ -26,6 +25,7 @@ from tests.models.test_doc_encoder import (  # noqa: E402
     _task,
     assert_finite_differences,
 )
+from tests.tasks.test_training import _args, _env, _load  # noqa: E402
 from tests.tiny_world import layered_knowledge  # noqa: E402
 
 

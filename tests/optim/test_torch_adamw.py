@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import rag_plugin
 from rag_plugin.optim.torch_adamw import TorchAdamW, TorchAdamWConfig, fusable, parse_betas
 from rag_plugin.util.errors import UserError
-from tests.fairseq_parts.test_training import _args, _load, _run, _updates
+from tests.tasks.test_training import _args, _load, _run, _updates
 
 rag_plugin.register()
 

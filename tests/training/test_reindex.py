@@ -161,7 +161,7 @@ def test_reindex_options_are_refused_when_they_cannot_help(tmp_path):
 
 
 def test_fairseq_train_refuses_reindex_every_without_a_trained_document_encoder(tiny_world, tmp_path):
-    from tests.fairseq_parts.test_training import _args, _run
+    from tests.tasks.test_training import _args, _run
 
     code, _, err = _run(_args(tiny_world, tmp_path / "ck", extra=["--reindex-every", "2", "--max-update", "2"]),
                         cwd=str(tmp_path), threads=1)
@@ -195,7 +195,7 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     import shutil
 
     from rag_plugin.models import doc_encoder
-    from tests.fairseq_parts.test_training import _args, _run
+    from tests.tasks.test_training import _args, _run
     from tests.tiny_world import layered_knowledge
 
     ks = tmp_path / "ks"

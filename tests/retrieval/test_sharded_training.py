@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fairseq_parts.test_distributed import DRIVER
+from tests.fairseq_hooks.test_distributed import DRIVER
 from tests.tiny_world import sharded_knowledge
 
 ROOT = Path(__file__).resolve().parents[2]

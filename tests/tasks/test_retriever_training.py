@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tests.conftest import assert_one_line_error
-from tests.fairseq_parts.test_training import _args, _env
+from tests.tasks.test_training import _args, _env
 
 W = 0.5
 

@@ -212,7 +212,7 @@ def test_two_rank_torch_ddp_fid_adist_with_a_start_keeps_the_ranks_identical(tin
     gradients, and both ranks end with the same parameters (test_distributed.py's driver records them)."""
     import stat
 
-    from tests.fairseq_parts.test_distributed import DRIVER as RECORDING_DRIVER
+    from tests.fairseq_hooks.test_distributed import DRIVER as RECORDING_DRIVER
 
     driver = tmp_path / "ddp_driver.py"
     driver.write_text(RECORDING_DRIVER.format(python=sys.executable))

@@ -52,7 +52,7 @@ VARIANTS = ("rag_token_large", "rag_seq_large")
 SMALL = ("webquestions", "curatedtrec")  # [paper] initialised from the NQ RAG model
 #: The 14 paper configs as they were before they became hydra defaults (examples/<task>/config/<variant>.yaml
 #: at commit 69996df, each file's YAML content as JSON): what every new config must still compose to.
-BEFORE = ROOT / "tests" / "fairseq_parts" / "fixtures" / "paper_configs_69996df.json"
+BEFORE = ROOT / "tests" / "examples" / "fixtures" / "paper_configs_69996df.json"
 
 
 def _paper_configs():
