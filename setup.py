@@ -28,6 +28,8 @@ setup(
     version="0.1.0",
     description="Retrieval-Augmented Generation (Lewis et al., 2020) as a fairseq plugin",
     packages=find_packages(include=["rag_plugin", "rag_plugin.*"]),
+    # configs shipped as fairseq ships its own: the tiny recipe (rag_plugin/pipeline/recipes.py, examples/demo/config)
+    package_data={"rag_plugin.pipeline.config": ["recipe/*.yaml"]},
     python_requires=">=3.10",
     install_requires=[
         "torch==2.13.0",

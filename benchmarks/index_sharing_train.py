@@ -93,7 +93,9 @@ def parse_args(argv=None):
 
 def train_command(args, save_dir: Path) -> list:
     sys.path.insert(0, str(ROOT / "examples" / "demo"))
-    from demo_run.recipe import compose_config, run_settings, train_args
+    from demo_run.recipe import compose_config
+
+    from rag_plugin.pipeline.recipes import run_settings, train_args
 
     demo = Path(args.demo_dir)
     settings = run_settings(demo / "nq_demo", Path(args.knowledge or demo / "ks"), save_dir, args.updates,

@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT / "examples" / "demo"))
 
 from demo_run import recipe  # noqa: E402  (examples/demo/demo_run: the demo's recipe as command lines)
 
+from rag_plugin.pipeline.recipes import run_settings, train_args  # noqa: E402
+
 DATA = ROOT / "data" / "demo"
 RUNS = {"query": {}, "doc": {"model.train_doc_encoder": True},
         "doc_reindex": {"model.train_doc_encoder": True, "task.reindex_wait_at_exit": True},
@@ -76,12 +78,12 @@ def seconds_per_update(log: str) -> float:
 
 
 def train(name: str, extra: dict, args, ks: Path, work: Path) -> dict:
-    run = recipe.run_settings(DATA / "nq_demo", ks, work / f"ckpt_{name}", args.updates)
+    run = run_settings(DATA / "nq_demo", ks, work / f"ckpt_{name}", args.updates)
     run.update({"common.log_interval": 1, "dataset.validate_interval_updates": 0})
     if name.endswith("_reindex"):
         run["task.reindex_every"] = args.reindex_every
     config = recipe.train_config({"config": "rag_token_tiny", "set": extra}, run)
-    argv = [str(Path(sys.executable).parent / "fairseq-train"), *recipe.train_args(config), "--disable-validation",
+    argv = [str(Path(sys.executable).parent / "fairseq-train"), *train_args(config), "--disable-validation",
             "--no-save"]
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)

@@ -8,10 +8,10 @@ posterior plot and the K sweep (the paper's Figure 3).
 Every step runs the command a user would type (printed as it runs: rag-build-knowledge,
 fairseq-train, ...), writes under --work (data under data/demo) and is skipped when its output is
 already complete, so a rerun after an interruption continues where it stopped. The training
-recipe is examples/demo/config/recipe/tiny.yaml (what fairseq-hydra-train runs with
-examples/demo/config/*.yaml); examples/demo/stages.yaml says which config and options each run
-uses; this script adds only each run's data, paths and number of updates. At the end: RESULTS.md
-and RESULTS.json in the repository root, and PNG plots under --work.
+recipe is rag_plugin/pipeline/config/recipe/tiny.yaml, shipped in the package (what
+fairseq-hydra-train runs with examples/demo/config/*.yaml); examples/demo/stages.yaml says which
+config and options each run uses; this script adds only each run's data, paths and number of
+updates. At the end: RESULTS.md and RESULTS.json in the repository root, and PNG plots under --work.
 """
 import sys
 import time

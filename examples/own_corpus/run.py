@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
-from rag_plugin.training import commands, markers
-from rag_plugin.training.recipes import TinyRecipe
+from rag_plugin.pipeline import commands, markers
+from rag_plugin.pipeline.recipes import load_recipe, rag_train_args, run_settings
 from rag_plugin.util.errors import cli_main
 from rag_plugin.util.io import atomic_path, atomic_write_json
 
@@ -121,7 +121,8 @@ class Journey:
         if self.args.generator_checkpoint:
             return Path(self.args.generator_checkpoint)
         out = self.work / "pretrain"
-        batch = ["--batch-size", self.args.batch_size] if self.args.batch_size != TinyRecipe.batch_size else []
+        own_batch = self.args.batch_size != load_recipe().dataset.batch_size
+        batch = ["--batch-size", self.args.batch_size] if own_batch else []
         self.step("3. a generator pretrained on your passages", False,
                   lambda: self.run("rag-pretrain", "--knowledge", self.ks, "--out", out, "--updates",
                                    self.args.pretrain_updates, "--pseudo-updates", self.args.pseudo_updates, *batch))
@@ -140,10 +141,11 @@ class Journey:
             markers.prepare(save, settings)
             for stale in (self.work / f"k_{name}.json", self.test_output(name)):
                 stale.unlink(missing_ok=True)
-            recipe = TinyRecipe(batch_size=self.args.batch_size)
-            self.run("rag-train", *recipe.train_args(self.data, self.ks, save, self.args.updates, arch=arch,
-                                                     n_docs=n_docs, generator_checkpoint=generator),
-                     log=f"train_{name}", progress=commands.condensed)
+            system = {"model._name": arch, "criterion._name": "marginal_nll", "task.n_docs": n_docs,
+                      "dataset.batch_size": self.args.batch_size}
+            run = run_settings(self.data, self.ks, save, self.args.updates, init=generator)
+            self.run("rag-train", *rag_train_args(load_recipe(), system, run), log=f"train_{name}",
+                     progress=commands.condensed)
             markers.mark_finished(save, settings)
 
         what = "closed book (no retrieval)" if n_docs == 0 else f"{arch}, K={n_docs} in training"

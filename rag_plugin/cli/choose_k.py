@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from rag_plugin.cli.common import ArgumentParser
-from rag_plugin.training import commands
+from rag_plugin.pipeline import commands
 from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.util.io import atomic_path, atomic_write_json
 

@@ -4,8 +4,8 @@ seq2seq model ships offline), so that RAG models can start from it.
     rag-pretrain --knowledge KS_DIR --out PRE_DIR [--updates 1500] [--pseudo-updates 2000]
 
 Two stages, each its data from the knowledge source's passages (rag-pretraining-data) and a
-rag-train run of the tiny recipe (rag_plugin/training/recipes.py: the demo's
-examples/demo/config/recipe/tiny.yaml), every command printed as it runs:
+rag-train run of the tiny recipe (rag_plugin/pipeline/config/recipe/tiny.yaml, the demo's), every
+command printed as it runs:
   1. denoise: BART's denoising objective in miniature (reconstruct corrupted passages), closed book;
   2. pseudo-questions (a run of a passage's words -> its title, or the words that follow them),
      answered from one BM25-retrieved passage, starting from stage 1 (--pseudo-updates 0: none).
@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import List, Optional
 
 from rag_plugin.cli.common import ArgumentParser
-from rag_plugin.training import commands, markers
-from rag_plugin.training.recipes import PRETRAINING_STAGES, PretrainingStage, TinyRecipe
+from rag_plugin.pipeline import commands, markers
+from rag_plugin.pipeline.recipes import PRETRAINING_STAGES, PretrainingStage, load_recipe, rag_train_args, run_settings
 from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.util.io import atomic_write_json
 
-DEFAULTS = TinyRecipe()
-
 
 def build_parser() -> ArgumentParser:
+    recipe = load_recipe()
     p = ArgumentParser(prog="rag-pretrain", description=__doc__)
     p.add_argument("--knowledge", required=True, help="knowledge source directory (built with your vocabulary)")
     p.add_argument("--out", required=True, help="output directory (data/, checkpoints/, logs/, generator.pt)")
@@ -44,12 +43,12 @@ def build_parser() -> ArgumentParser:
                    help="updates of stage 2 (pseudo-questions, one BM25 passage); 0: stage 1 only")
     p.add_argument("--valid", type=int, default=0,
                    help="records of each stage held out for validation; 0: a tenth of the passages, at most 200")
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help="training batch size")
-    p.add_argument("--max-source-positions", type=int, default=DEFAULTS.max_source_positions,
+    p.add_argument("--batch-size", type=int, default=recipe.dataset.batch_size, help="training batch size")
+    p.add_argument("--max-source-positions", type=int, default=recipe.model.max_source_positions,
                    help="generator input length (question + title + passage); RAG models from it need the same")
-    p.add_argument("--max-target-positions", type=int, default=DEFAULTS.max_target_positions,
+    p.add_argument("--max-target-positions", type=int, default=recipe.model.max_target_positions,
                    help="generator output length; RAG models from it need the same")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="training seed")
+    p.add_argument("--seed", type=int, default=recipe.common.seed, help="training seed")
     p.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     return p
 
@@ -85,8 +84,9 @@ class Pretraining:
         self.out = Path(args.out)
         self.knowledge = str(Path(args.knowledge))
         self.valid = valid_records(args, passages)
-        self.recipe = TinyRecipe(batch_size=args.batch_size, max_source_positions=args.max_source_positions,
-                                 max_target_positions=args.max_target_positions, seed=args.seed)
+        self.recipe = load_recipe()
+        self.own = {"dataset.batch_size": args.batch_size, "model.max_source_positions": args.max_source_positions,
+                    "model.max_target_positions": args.max_target_positions, "common.seed": args.seed}
         self.retrained = False  # a stage was trained in this run: the later ones start over
 
     def stages(self) -> List[tuple]:
@@ -109,8 +109,8 @@ class Pretraining:
         save = self.out / "checkpoints" / stage.name
         settings = {"updates": updates, "batch_size": self.args.batch_size, "init": str(init) if init else None,
                     "positions": [self.args.max_source_positions, self.args.max_target_positions]}
-        args = self.recipe.train_args(data, self.knowledge, save, updates, n_docs=stage.n_docs,
-                                      retriever=stage.retriever, generator_checkpoint=init)
+        args = rag_train_args(self.recipe, self.own, stage.settings(),
+                              run_settings(data, self.knowledge, save, updates, init=init))
         command = commands.Command("rag-train", args)
         if self.args.dry_run:
             print(f"$ {command.shown()}", flush=True)

@@ -1,7 +1,8 @@
-"""rag-pretrain (rag_plugin/cli/pretrain.py) and its recipe (rag_plugin/training/recipes.py): the recipe
-is the demo's (examples/demo/config/recipe/tiny.yaml, as fairseq parses the command lines); the commands
-of the two stages, printed; a finished stage is skipped, a changed one redone with every stage after it;
-bad input is one line, exit 2. A real run is part of tests/examples/test_own_corpus.py."""
+"""rag-pretrain (rag_plugin/cli/pretrain.py) and its recipe (rag_plugin/pipeline/recipes.py): the recipe
+is the package's rag_plugin/pipeline/config/recipe/tiny.yaml (the file the demo's configs compose:
+tests/examples/test_run_demo.py), as fairseq parses the command lines; the commands of the two stages,
+printed; a finished stage is skipped, a changed one redone with every stage after it; bad input is one
+line, exit 2. A real run is part of tests/examples/test_own_corpus.py."""
 import json
 import os
 import shlex
@@ -12,14 +13,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from rag_plugin.cli import pretrain
-from rag_plugin.training import recipes
+from rag_plugin.pipeline import recipes
 from tests.cli.helpers import assert_one_line_error, run_module
 from tests.conftest import ROOT
 
 MODULE = "rag_plugin.cli.pretrain"
-#: keys of the demo's recipe that are each run's own (or resolved elsewhere), not the recipe's
+RECIPE_FILE = ROOT / "rag_plugin" / "pipeline" / "config" / "recipe" / "tiny.yaml"
+#: keys of the recipe that are each run's own (run_settings), or that rag-train goes without (user_dir)
 RUN_OWN = {("common", "user_dir"), ("task", "data"), ("task", "knowledge"), ("optimization", "max_update"),
-           ("dataset", "validate_interval_updates"), ("model", "query_encoder_lr_scale")}
+           ("dataset", "validate_interval_updates")}
 
 
 def parsed_by_fairseq(argv):
@@ -38,27 +40,28 @@ def parsed_by_fairseq(argv):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_the_recipe_is_the_demos_as_fairseq_parses_it():
-    tiny = OmegaConf.to_container(OmegaConf.load(ROOT / "examples" / "demo" / "config" / "recipe" / "tiny.yaml"))
-    argv = recipes.TinyRecipe().train_args("DATA", "KS", "SAVE", 400, n_docs=3)
+def test_rag_train_reads_the_packaged_recipe_as_fairseq_parses_it():
+    tiny = OmegaConf.to_container(OmegaConf.load(RECIPE_FILE))
+    assert OmegaConf.to_container(recipes.load_recipe()) == tiny  # the package's file, read as package data
+    stage = recipes.PRETRAINING_STAGES[1]
+    argv = recipes.rag_train_args(recipes.load_recipe(), stage.settings(),
+                                  recipes.run_settings("DATA", "KS", "SAVE", 400, init="GEN"))
+    assert "--user-dir" not in argv  # rag-train loads the plugin itself
     parsed = parsed_by_fairseq(argv + ["--user-dir", str(ROOT / "rag_plugin")])
-    names = {"task": ("task", "_name"), "model": ("model", "_name"), "criterion": ("criterion", "_name"),
-             "optimizer": ("optimizer", "_name"), "lr_scheduler": ("lr_scheduler", "_name")}
     checked = 0
     for section, values in tiny.items():
         if section == "hydra":
             continue
         for key, value in values.items():
-            if (section, key) in RUN_OWN or (key == "_name" and section == "model"):
-                continue
-            got = parsed[section][key] if (section, key) not in names.values() else parsed[section]["_name"]
-            assert got == value, (section, key, got, value)
-            checked += 1
+            if (section, key) not in RUN_OWN and (section, key) != ("task", "retriever"):
+                assert parsed[section][key] == value, (section, key, parsed[section][key], value)
+                checked += 1
     assert checked >= 25
-    # the demo's explicit 0.03 is what the automatic scale (0: min(1, 3e-5 / lr)) gives at the recipe's lr
-    assert parsed["model"]["query_encoder_lr_scale"] == 0 and tiny["model"]["query_encoder_lr_scale"] == 3e-5 / 1e-3
-    assert parsed["task"]["n_docs"] == 3 and parsed["optimization"]["max_update"] == 400
-    assert parsed["dataset"]["validate_interval_updates"] == 100 and parsed["checkpoint"]["save_dir"] == "SAVE"
+    assert parsed["task"]["n_docs"] == 1 and parsed["task"]["retriever"] == "bm25"  # the stage's own
+    assert parsed["model"]["_name"] == "rag_token_tiny" and parsed["criterion"]["_name"] == "marginal_nll"
+    assert parsed["task"]["data"] == "DATA" and parsed["task"]["knowledge"] == "KS"
+    assert parsed["optimization"]["max_update"] == 400 and parsed["checkpoint"]["save_dir"] == "SAVE"
+    assert parsed["dataset"]["validate_interval_updates"] == 100 and parsed["model"]["generator_checkpoint"] == "GEN"
 
 
 def shown_commands(stdout: str):

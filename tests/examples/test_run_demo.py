@@ -1,10 +1,12 @@
-"""examples/demo/run_demo.py: its recipe is the YAML fairseq-hydra-train runs, written once.
+"""examples/demo/run_demo.py: its recipe is the YAML fairseq-hydra-train runs, written once (shipped in the
+package: rag_plugin/pipeline/config/recipe/tiny.yaml, composed from the demo configs' hydra search path).
 
 Nothing is trained here: the fairseq-train command lines the demo would run are built from
 examples/demo/config and stages.yaml and compared with the YAML, as strings and as fairseq parses them.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -12,11 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from demo_run import commands, recipe, runner  # examples/demo, put on sys.path by conftest.py
+from demo_run import recipe, runner  # examples/demo, put on sys.path by conftest.py
 from omegaconf import OmegaConf
+
+from rag_plugin.pipeline.commands import console_script
+from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
+from rag_plugin.util.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo"
+RECIPE_FILE = ROOT / "rag_plugin" / "pipeline" / "config" / "recipe" / "tiny.yaml"
 DATA = Path("/demo-data")
 CKPT = Path("/ckpt/checkpoint_last.pt")
 RECIPE_SECTIONS = ("optimizer", "lr_scheduler", "optimization")  # what every run must share
@@ -34,9 +41,9 @@ def training_runs():
         runs[f"{name}_countries"] = (stages.train.systems[name], stages.train.hot_swap, {"restore": CKPT})
     out = {}
     for name, (stage, then, start) in runs.items():
-        settings = recipe.run_settings(DATA / name, DATA / "ks", Path("/save") / name, 400, **start)
+        settings = run_settings(DATA / name, DATA / "ks", Path("/save") / name, 400, **start)
         config = recipe.train_config(stage, settings, then=then)
-        out[name] = config, recipe.train_args(config), stage, then
+        out[name] = config, train_args(config), stage, then
     return out
 
 
@@ -70,7 +77,7 @@ def expected_value(value):
 def test_the_recipe_is_the_one_results_md_came_from():
     """The committed RESULTS.md came from run_demo.py with Adam betas (0.9, 0.98) (the YAML then said
     0.999); the recipe file now holds run_demo's values."""
-    tiny = OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml")
+    tiny = OmegaConf.load(RECIPE_FILE)
     assert tiny.optimizer.adam_betas == "(0.9, 0.98)" and tiny.optimizer._name == "torch_adamw"
     assert list(tiny.optimization.lr) == [1e-3] and tiny.optimization.clip_norm == 1.0
     assert tiny.lr_scheduler._name == "inverse_sqrt" and tiny.lr_scheduler.warmup_updates == 100
@@ -82,7 +89,7 @@ def test_the_recipe_is_the_one_results_md_came_from():
 def test_train_command_lines_carry_the_yaml_optimizer_settings(runs):
     """Every option of the recipe file's optimizer, schedule and optimization sections is on every
     fairseq-train command line exactly as the YAML (or, for the hot-swap stage, stages.yaml) says."""
-    tiny = OmegaConf.to_container(OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml"))
+    tiny = OmegaConf.to_container(OmegaConf.load(RECIPE_FILE))
     names = {"criterion": "--criterion", "optimizer": "--optimizer", "lr_scheduler": "--lr-scheduler"}
     for name, (_, args, _, then) in runs.items():
         found = options_of(args)
@@ -138,8 +145,8 @@ def test_the_stage_options_reach_their_runs(runs):
 
 
 def test_the_configs_set_only_what_the_recipe_does_not():
-    """config/*.yaml list recipe/tiny after _self_, so a key set in both would silently take the
-    recipe's value: each config may set only keys the recipe leaves alone."""
+    """config/*.yaml list recipe/tiny after _self_ and find it in the package (their hydra search path), so a
+    key set in both would silently take the recipe's value: each config may set only keys the recipe leaves alone."""
     def leaves(tree, prefix=""):
         for key, value in tree.items():
             if isinstance(value, dict):
@@ -147,12 +154,13 @@ def test_the_configs_set_only_what_the_recipe_does_not():
             else:
                 yield prefix + key
 
-    tiny = set(leaves(OmegaConf.to_container(OmegaConf.load(DEMO / "config" / "recipe" / "tiny.yaml"))))
+    tiny = set(leaves(OmegaConf.to_container(OmegaConf.load(RECIPE_FILE))))
     configs = sorted((DEMO / "config").glob("*.yaml"))
     assert {p.stem for p in configs} == {"rag_token_tiny", "rag_seq_tiny", "bart_tiny_closed_book", "fid_tiny"}
     for path in configs:
         own = OmegaConf.to_container(OmegaConf.load(path))
         assert own.pop("defaults") == ["_self_", "recipe/tiny"], path
+        assert own["hydra"].pop("searchpath") == ["pkg://rag_plugin.pipeline.config"], path
         assert not set(leaves(own)) & tiny, path
 
 
@@ -195,29 +203,38 @@ def test_fairseq_parses_the_command_lines_to_the_yaml(runs):
 
 def test_generate_options():
     stages = recipe.load_stages()
-    assert recipe.option_args({"beam": 4, "cpu": True, "quiet": False, "path": None, "lr": [0.1, 0.2]}) == [
+    assert option_args({"beam": 4, "cpu": True, "quiet": False, "path": None, "lr": [0.1, 0.2]}) == [
         "--beam", "4", "--cpu", "--lr", "0.1,0.2"]
-    common = recipe.option_args(stages.generate.common)
+    common = option_args(stages.generate.common)
     assert common[:4] == ["--user-dir", "rag_plugin", "--task", "retrieval_augmented"]
     fast = dict(stages.generate.test.rag_seq_fast)
     assert fast.pop("system") == "rag_seq"
-    assert recipe.option_args(fast) == ["--beam", "4", "--n-docs", "5", "--rag-decoding", "fast"]
+    assert option_args(fast) == ["--beam", "4", "--n-docs", "5", "--rag-decoding", "fast"]
     assert list(stages.generate.test) == ["closed_book", "rag_token", "rag_seq_thorough", "rag_seq_fast",
                                           "rag_token_frozen", "rag_token_bm25", "rag_token_hybrid", "rag_token_pdist",
                                           "fid", "fid_adist", "rag_token_end2end"]
     assert set(stages.train.systems) == {run.system for run in stages.generate.test.values()}
 
 
-def test_console_scripts_and_their_fallback(tmp_path, monkeypatch):
-    installed = commands.console_script("fairseq-train", "--help")
+def setup_console_scripts():
+    """The console scripts setup.py declares (its CONSOLE_SCRIPTS: the one table of them)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "CONSOLE_SCRIPTS")
+    return {entry.split("=")[0].strip() for entry in ast.literal_eval(table)}
+
+
+def test_console_scripts_run_as_installed(tmp_path, monkeypatch):
+    installed = console_script("fairseq-train", "--help")
     assert installed.argv() == [str(Path(sys.executable).parent / "fairseq-train"), "--help"]
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no console scripts beside it
-    cmd = commands.console_script("rag-build-knowledge", "--out", ROOT / "data" / "demo" / "ks")
-    assert cmd.argv() == [str(tmp_path / "python"), "-m", "rag_plugin.cli.build_knowledge", "--out",
-                          str(ROOT / "data" / "demo" / "ks")]
+    cmd = console_script("rag-build-knowledge", "--out", ROOT / "data" / "demo" / "ks")
+    assert cmd.argv()[0] == str(Path(sys.executable).parent / "rag-build-knowledge")
     assert cmd.shown(ROOT) == "rag-build-knowledge --out data/demo/ks"
-    for name, module in commands.MODULES.items():
-        assert commands.console_script(name).argv()[-1] == module
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no console scripts beside it, none on PATH
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UserError, match="command rag-build-knowledge not found") as err:
+        cmd.argv()
+    assert "pip install -e ." in str(err.value)
 
 
 @pytest.mark.parametrize("cwd", ["root", "elsewhere"])
@@ -321,6 +338,8 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
         "country:XK"]
     assert (tmp_path / "runs" / "demo" / "ks_updated" / "manifest.json").is_file()  # a linked copy, updated
     assert {"rag-leaderboard", "rag-plot-posterior", "rag-evaluate"} <= set(programs)
+    scripts = {p for p in programs if not p.startswith("python ")}
+    assert scripts - {"fairseq-train", "fairseq-generate"} <= setup_console_scripts()  # setup.py's, none other
     for command in commands_run:
         if command.program == "fairseq-train":
             assert options_of([str(a) for a in command.args])["--adam-betas"] == "(0.9, 0.98)"

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, Optional
 
-from demo_run.commands import console_script
+from rag_plugin.pipeline.commands import console_script
 
 _REINDEXED = re.compile(r"re-index started at update (\d+) wrote knowledge version (\d+) in ([0-9.]+)s")
 _SWITCHED = re.compile(r"knowledge version (\d+) \(was \d+\) is read from update (\d+) on")

@@ -1,17 +1,15 @@
-"""Runs the demo's commands: each printed as a user would type it, run from the repository root
-with its output in a log file, inside a named, timed step; a failed command stops the demo with
-the log's path, and rerunning the demo continues from that step."""
+"""Runs the demo's commands with the plugin's command runner (:mod:`rag_plugin.pipeline.commands`):
+each printed as a user would type it, run from the repository root with its output in a log file,
+inside a named, timed step; a failed command stops the demo with the log's path, and rerunning the
+demo continues from that step."""
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
 
-from demo_run.commands import Command
-from rag_plugin.util.errors import UserError
+from rag_plugin.pipeline import commands
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (examples/demo/demo_run/runner.py)
 DATA = ROOT / "data" / "demo"
@@ -26,19 +24,11 @@ class Runner:
         self.log = log
         self.timings: Dict[str, float] = {}
 
-    def run(self, command: Command, log_file: Optional[Path] = None, stdout_file: Optional[Path] = None) -> None:
-        """Run ``command``; stderr (and stdout, unless ``stdout_file``) to ``log_file``, or to the terminal."""
-        shown = command.shown(ROOT)
-        self.log(f"$ {shown}")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(log_file or os.devnull, "w") as log, open(stdout_file or os.devnull, "w") as out:
-            proc = subprocess.run(command.argv(), cwd=ROOT, env=env, text=True, check=False,
-                                  stdout=out if stdout_file else (log if log_file else None),
-                                  stderr=log if log_file else None)
-        if proc.returncode != 0:
-            where = f" (log: {log_file})" if log_file else ""
-            raise UserError(f"step failed with exit status {proc.returncode}: {shown[:200]}{where}",
-                            fix="read the log; rerun examples/demo/run_demo.py to continue from this step")
+    def run(self, command: commands.Command, log_file: Optional[Path] = None,
+            stdout_file: Optional[Path] = None) -> None:
+        """Run ``command`` from :data:`ROOT`; stderr (and stdout, unless ``stdout_file``) to ``log_file``,
+        or to the terminal."""
+        commands.run(command, log_file=log_file, stdout_file=stdout_file, echo=self.log, cwd=ROOT)
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:

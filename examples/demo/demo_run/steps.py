@@ -12,10 +12,11 @@ from typing import Dict, List, Optional
 from omegaconf import DictConfig
 
 from demo_run import recipe
-from demo_run.commands import console_script, python_script
 from demo_run.end2end import linked_copy, reembed_final, reindex_report
 from demo_run.results import plot_sweep
 from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, read_text, training_done
+from rag_plugin.pipeline.commands import console_script, python_script
+from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
 
 PRETRAINING_DATA_STEPS = {"pretrain": "denoising data from the knowledge source's passages",
                           "pretrain_pseudo": "pseudo-questions from the knowledge source's passages"}
@@ -38,7 +39,7 @@ class Demo:
         """rag-evaluate's scores of ``guess`` (also kept as ``<work>/scores_<name>.json``)."""
         out = self.work / f"scores_{name}.json"
         self.runner.run(console_script("rag-evaluate", "--gold", gold, "--guess", guess, "--metrics",
-                                       ",".join(metrics), *recipe.option_args(options), "--json-out", out),
+                                       ",".join(metrics), *option_args(options), "--json-out", out),
                         stdout_file=self.work / f"scores_{name}.log")
         return json.loads(out.read_text())
 
@@ -46,7 +47,7 @@ class Demo:
     def data_and_knowledge(self) -> None:
         with self.runner.step("demo data from installed packages"):
             self.runner.run(python_script(recipe.DEMO_DIR / "prepare_demo_data.py", ROOT, "--out", DATA))
-        knowledge = recipe.option_args(self.stages.knowledge)
+        knowledge = option_args(self.stages.knowledge)
         vocabulary = ["--dict", DATA / "dict.txt", "--bpe-model", DATA / "spm.model"]
         with self.runner.step("knowledge source: Wikipedia summaries + countryinfo, MiniLM, exact MIPS"):
             self.runner.run(console_script(
@@ -103,10 +104,10 @@ class Demo:
         if ckpt.is_file() and training_done(log_file, updates):
             self.runner.log(f"   {name}: trained ({ckpt})")
             return ckpt
-        run = recipe.run_settings(data, knowledge, save, updates, init=init, restore=restore)
+        run = run_settings(data, knowledge, save, updates, init=init, restore=restore)
         config = recipe.train_config(stage, run, then=then)
         with self.runner.step(f"train {name}"):
-            self.runner.run(console_script("fairseq-train", *recipe.train_args(config)), log_file=log_file)
+            self.runner.run(console_script("fairseq-train", *train_args(config)), log_file=log_file)
         return ckpt
 
     def train_systems(self, updates: int, init: Path) -> Dict[str, Path]:
@@ -128,8 +129,8 @@ class Demo:
         """fairseq-generate's output for ``ckpt`` on ``data``'s ``subset`` (kept if complete)."""
         if complete(out):
             return out
-        args = [data, "--gen-subset", subset, *recipe.option_args(self.stages.generate.common),
-                "--knowledge", knowledge, "--path", ckpt, *recipe.option_args(options), *extra]
+        args = [data, "--gen-subset", subset, *option_args(self.stages.generate.common),
+                "--knowledge", knowledge, "--path", ckpt, *option_args(options), *extra]
         self.runner.run(console_script("fairseq-generate", *args), log_file=out.with_suffix(".log"), stdout_file=out)
         return out
 

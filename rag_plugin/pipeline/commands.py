@@ -1,8 +1,11 @@
-"""Running the plugin's console scripts from another command (rag-pretrain, rag-choose-k, the worked
-examples): each command is printed as a user would type it, its output goes to a log file (and its
-stdout, where asked, to a file of its own), and its progress lines are shown as they come, condensed.
-A command that fails is a one-line :class:`UserError` naming its log (and the command's own error
-line, when it printed one)."""
+"""Running console scripts from another command (rag-pretrain, rag-choose-k, the worked examples
+and the demo): each command is printed as a user would type it, its output goes to a log file (and
+its stdout, where asked, to a file of its own), and its progress lines are shown as they come,
+condensed. A command that fails is a one-line :class:`UserError` naming its log (and the command's
+own error line, when it printed one).
+
+A console script is run as installed (beside this Python, else on PATH): setup.py's entry points are
+the only table of them; a script missing there is a one-line error that says to install the plugin."""
 from __future__ import annotations
 
 import os
@@ -24,22 +27,41 @@ SHOWN_VALUES = ("num_updates", "loss", "gold_doc_prob", "top1_share", "ups")
 
 @dataclass(frozen=True)
 class Command:
-    """A console script (``rag-train``, ``rag-pretraining-data``, ...) with its arguments."""
+    """A command line: ``program`` is what it is shown as (a console script such as ``rag-train`` or
+    ``fairseq-train``, or ``python path/script.py``), ``args`` its arguments; ``prefix`` is what runs it
+    when it is not a console script (:func:`python_script`)."""
 
     program: str
     args: Sequence[str]
+    prefix: Sequence[str] = ()
 
     def argv(self) -> List[str]:
-        """The script beside this Python (an installed package's console scripts), else on PATH."""
-        beside = Path(sys.executable).parent / self.program
-        found = str(beside) if beside.is_file() else shutil.which(self.program)
-        if not found:
-            raise UserError(f"command {self.program} not found (beside {sys.executable} or on PATH)",
-                            fix="install the plugin (pip install -e .) so that its console scripts exist")
-        return [found, *(str(a) for a in self.args)]
+        return [*(self.prefix or [installed_script(self.program)]), *(str(a) for a in self.args)]
 
-    def shown(self) -> str:
-        return shlex.join([self.program, *(str(a) for a in self.args)])
+    def shown(self, root: Optional[Path] = None) -> str:
+        """As a user would type it (in ``root``: the paths under it written relative to it)."""
+        text = " ".join([self.program, *(shlex.quote(str(a)) for a in self.args)])
+        return text.replace(f"{root}{os.sep}", "") if root is not None else text
+
+
+def console_script(program: str, *args) -> Command:
+    """``program`` (a console script of the plugin or of fairseq) with ``args``."""
+    return Command(program, [str(a) for a in args])
+
+
+def python_script(path: Path, root: Path, *args) -> Command:
+    """A script of the repository, shown as ``python <path relative to root> ...``."""
+    return Command(f"python {Path(path).relative_to(root)}", [str(a) for a in args], prefix=[sys.executable, str(path)])
+
+
+def installed_script(program: str) -> str:
+    """The console script beside this Python (an installed package's), else on PATH."""
+    beside = Path(sys.executable).parent / program
+    found = str(beside) if beside.is_file() else shutil.which(program)
+    if not found:
+        raise UserError(f"command {program} not found (beside {sys.executable} or on PATH)",
+                        fix="install the plugin (pip install -e .) so that its console scripts exist")
+    return found
 
 
 def condensed(line: str) -> Optional[str]:
@@ -74,11 +96,12 @@ def last_error_line(log_file: Optional[Path]) -> Optional[str]:
 
 
 def run(command: Command, log_file: Optional[Path] = None, stdout_file: Optional[Path] = None,
-        progress: Optional[Callable[[str], Optional[str]]] = None, echo: Callable[[str], None] = print) -> None:
-    """Run ``command`` after printing it (``$ ...``). Its stderr (and stdout, unless ``stdout_file``) goes to
-    ``log_file``; each such line that ``progress`` turns into text is echoed, indented. Without
-    ``log_file`` its output goes to the terminal."""
-    echo(f"$ {command.shown()}")
+        progress: Optional[Callable[[str], Optional[str]]] = None, echo: Callable[[str], None] = print,
+        cwd: Optional[Path] = None) -> None:
+    """Run ``command`` (in ``cwd``, default this process's directory) after printing it (``$ ...``). Its
+    stderr (and stdout, unless ``stdout_file``) goes to ``log_file``; each such line that ``progress``
+    turns into text is echoed, indented. Without ``log_file`` its output goes to the terminal."""
+    echo(f"$ {command.shown(cwd)}")
     argv = command.argv()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for path in (log_file, stdout_file):
@@ -86,9 +109,10 @@ def run(command: Command, log_file: Optional[Path] = None, stdout_file: Optional
             path.parent.mkdir(parents=True, exist_ok=True)
     with open(stdout_file or os.devnull, "w", encoding="utf-8") as out:
         if log_file is None:
-            code = subprocess.run(argv, env=env, check=False, stdout=out if stdout_file else None).returncode
+            code = subprocess.run(argv, env=env, cwd=cwd, check=False,
+                                  stdout=out if stdout_file else None).returncode
         else:
-            code = _run_logged(argv, env, log_file, out if stdout_file else None, progress, echo)
+            code = _run_logged(argv, env, cwd, log_file, out if stdout_file else None, progress, echo)
     if code != 0:
         own = last_error_line(log_file)
         where = f" (log: {log_file})" if log_file else ""
@@ -96,9 +120,9 @@ def run(command: Command, log_file: Optional[Path] = None, stdout_file: Optional
                         fix="fix what the log says and rerun the same command: finished steps are skipped")
 
 
-def _run_logged(argv, env, log_file: Path, stdout, progress, echo) -> int:
+def _run_logged(argv, env, cwd, log_file: Path, stdout, progress, echo) -> int:
     with open(log_file, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=stdout if stdout else subprocess.PIPE,
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=stdout if stdout else subprocess.PIPE,
                                 stderr=subprocess.STDOUT if not stdout else subprocess.PIPE, text=True,
                                 errors="replace")
         stream = proc.stderr if stdout else proc.stdout
