@@ -22,27 +22,54 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from rag_plugin.models import doc_encoder
 from rag_plugin.util.devices import model_device, resolve_device
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.quiet_import import import_fairseq_quietly
+from rag_plugin.util.safe_load import checkpoint_load_error, checkpoint_types_allowed
 
 
-def load_fairseq_checkpoint(path: str) -> dict:
-    """fairseq's own checkpoint loader under ``weights_only=True`` with the plugin's allow-list in scope
-    only (torch's global allow-list is not changed); a missing, truncated or unsafe file is a one-line
-    :class:`UserError`."""
-    from fairseq import checkpoint_utils
-
-    from rag_plugin.util.safe_load import checkpoint_load_error, checkpoint_types_allowed
+def load_fairseq_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
+    """fairseq's own checkpoint loader (``arg_overrides`` applied to the saved config, as fairseq's do) under
+    ``weights_only=True`` with the plugin's allow-list in scope only (torch's global allow-list is not changed); a
+    missing, truncated or unsafe file is a one-line :class:`UserError`."""
+    from fairseq import checkpoint_utils  # a light module until a checkpoint is loaded
 
     if not Path(path).is_file():
         raise UserError("checkpoint not found", path=path, fix="pass the path of a checkpoint*.pt")
     try:
         with checkpoint_types_allowed():
-            return checkpoint_utils.load_checkpoint_to_cpu(path)
+            return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
     except UserError:
         raise
     except Exception as err:  # torch: UnpicklingError / RuntimeError / EOFError for unsafe or damaged files
         raise checkpoint_load_error(path, err) from None
+
+
+def task_overrides(knowledge=None, n_docs=None, rag_decoding=None, retriever=None, nprobe=None, ef_search=None,
+                   private_index=False) -> dict:
+    """``from_pretrained``'s arguments as fairseq's ``arg_overrides`` of the checkpoint's task config. With
+    ``knowledge`` (a hot swap) the checkpoint's search settings, made for its own index, are dropped."""
+    task = {"private_index": bool(private_index)}
+    if knowledge is not None:
+        task.update(knowledge=knowledge, nprobe=nprobe, ef_search=ef_search)
+    given = {"nprobe": nprobe, "ef_search": ef_search, "n_docs": n_docs, "rag_decoding": rag_decoding,
+             "retriever": retriever}
+    task.update({k: v for k, v in given.items() if v is not None})
+    return {"task": task}
+
+
+def recorded_knowledge(state: dict, checkpoint: str) -> str:
+    """The knowledge source a checkpoint's task names: as typed for fairseq-train (relative to where it ran), else
+    the resolved path the model records; a one-line error when neither is here."""
+    typed = state["cfg"].task.get("knowledge")
+    if typed and Path(typed).is_dir():
+        return typed
+    recorded = json.loads((state["model"].get("_extra_state") or {}).get("knowledge") or "{}").get("knowledge")
+    if recorded and Path(recorded).is_dir():
+        return recorded
+    raise UserError(f"the checkpoint's knowledge source {typed!r} is not here", path=checkpoint,
+                    fix="pass knowledge=KS_DIR (a knowledge source with the same encoder)")
 
 
 class RAG:
@@ -55,53 +82,26 @@ class RAG:
                         rag_decoding: Optional[str] = None, retriever: Optional[str] = None,
                         nprobe: Optional[int] = None, ef_search: Optional[int] = None,
                         private_index: bool = False, device: Optional[str] = "cpu") -> "RAG":
-        """``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index. With ``knowledge`` (a hot
-        swap) the checkpoint's own settings, made for its index, are dropped: only these apply.
-        ``private_index``: read a private copy of the FAISS index instead of mapping it shared (the default:
-        every process on the machine that maps it shares one copy). ``device``: where the model runs (cpu, cuda:
-        this process's GPU, cuda:N; None: a GPU when there is one, else the CPU); a GPU without CUDA is a
-        one-line error, before anything is loaded."""
+        """Load through fairseq's ``load_model_ensemble_and_task`` with these arguments as its ``arg_overrides``
+        (as fairseq's BART ``from_pretrained``). ``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index;
+        with ``knowledge`` (a hot swap) the checkpoint's own, made for its index, are dropped. ``private_index``: read
+        a private copy of the FAISS index instead of mapping it shared. ``device``: where the model runs (cpu, cuda:
+        this process's GPU, cuda:N; None: a GPU when there is one, else the CPU); a GPU without CUDA is a one-line
+        error, before anything is loaded."""
         where = resolve_device(device, "device")
-        from rag_plugin.util.quiet_import import import_fairseq_quietly
-
         import_fairseq_quietly()
         import rag_plugin
 
         rag_plugin.register()
-        from fairseq import tasks
-        from omegaconf import open_dict
+        from fairseq import checkpoint_utils  # after import_fairseq_quietly (its import logs otherwise)
+        from fairseq.dataclass.utils import overwrite_args_by_name
 
-        state = load_fairseq_checkpoint(checkpoint)
-        cfg = state["cfg"]
-        with open_dict(cfg):
-            if knowledge is not None:
-                cfg.task.knowledge = knowledge
-                cfg.task.nprobe, cfg.task.ef_search = nprobe, ef_search
-            else:
-                if nprobe is not None:
-                    cfg.task.nprobe = nprobe
-                if ef_search is not None:
-                    cfg.task.ef_search = ef_search
-            if n_docs is not None:
-                cfg.task.n_docs = n_docs
-            if rag_decoding is not None:
-                cfg.task.rag_decoding = rag_decoding
-            if retriever is not None:
-                cfg.task.retriever = retriever
-            cfg.task.private_index = bool(private_index)
-        if knowledge is None and cfg.task.get("knowledge") and not Path(cfg.task.knowledge).is_dir():
-            # the path as typed for fairseq-train (relative to where it ran): the model records it resolved
-            recorded = json.loads((state["model"].get("_extra_state") or {}).get("knowledge") or "{}").get("knowledge")
-            if recorded and Path(recorded).is_dir():
-                with open_dict(cfg):
-                    cfg.task.knowledge = recorded
-        if not cfg.task.get("knowledge") or not Path(cfg.task.knowledge).is_dir():
-            raise UserError(f"the checkpoint's knowledge source {cfg.task.get('knowledge')!r} is not here",
-                            path=checkpoint, fix="pass knowledge=KS_DIR (a knowledge source with the same encoder)")
-        task = tasks.setup_task(cfg.task)
-        model = task.build_model(cfg.model, from_checkpoint=True)  # served, not trained (see RetrievalContext)
-        model.load_state_dict(state["model"], strict=True)
-        return cls(task, model).to(where)
+        overrides = task_overrides(knowledge, n_docs, rag_decoding, retriever, nprobe, ef_search, private_index)
+        state = load_fairseq_checkpoint(checkpoint, overrides)
+        if knowledge is None:  # the path as typed for fairseq-train, else as the model records it
+            overwrite_args_by_name(state["cfg"], {"task": {"knowledge": recorded_knowledge(state, checkpoint)}})
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], state=state)
+        return cls(task, models[0]).to(where)
 
     def to(self, device) -> "RAG":
         """Move the model to ``device`` (as ``from_pretrained``'s); returns self."""
@@ -121,14 +121,10 @@ class RAG:
     def reload(self) -> int:
         """Read the knowledge source's current version from now on (after ``rag-update-knowledge``; the
         version opened so far is kept until then, whatever is switched). Returns the version now read."""
-        version = self.task.reopen_knowledge()
-        context = self.task.retrieval_context(self.model.cfg)
-        self.model.context, self.model.retriever = context, context.retriever
-        from rag_plugin.models.doc_encoder import check_document_agreement
-
+        version = self.task.reopen_knowledge(models=[self.model])
         # --train-doc-encoder: are the new version's vectors its encoder's (the tower as loaded: the model may have
         # been cast to half precision since)?
-        check_document_agreement(self.model, just_loaded=False)
+        doc_encoder.check_document_agreement(self.model, just_loaded=False)
         return version
 
     @property
@@ -141,10 +137,10 @@ class RAG:
 
         ``score``: the answer's (length-normalised) log-probability in nats, as fairseq's generators
         return it; fairseq-generate prints the same number in base 2 (divided by ln 2)."""
-        from fairseq import utils
+        from fairseq import utils  # loaded by from_pretrained already
         from fairseq.dataclass.configs import GenerationConfig
 
-        from rag_plugin.generation.adapters import retrieval_of
+        from rag_plugin.generation.adapters import retrieval_of  # imports fairseq
 
         args = GenerationConfig(beam=beam, nbest=nbest, max_len_a=0, max_len_b=max_len_b, lenpen=lenpen, **generation)
         generator = self.task.build_generator([self.model], args)

@@ -70,7 +70,6 @@ def main(argv=None) -> int:
     rag = RAG.from_pretrained(args.checkpoint, knowledge=args.knowledge, device=args.device)
     data = reader_probe.probe_questions(records, rows_by_passage_id(rag.task.knowledge.passages), args.limit)
     reader_probe.check(rag, data, args.n_docs)
-    reader_probe.retrieve_enough(rag, data, args.n_docs)
     with tqdm(total=len(data), desc="probing", unit="question", mininterval=1.0) as bar:
         result = reader_probe.probe(rag, data, args.n_docs, args.batch_size, args.seed, progress=bar.update)
     print(format_table(result, args.checkpoint))

@@ -8,31 +8,33 @@ retrieval collapses; see :mod:`rag_plugin.criterions.retrieval_health`) and, whe
 names gold passages, the mean p(gold passage | x) over the retrieved documents and the retriever's
 recall@K of them (``recall_at_K``).
 
-With the task's ``--retriever-loss`` (see :mod:`rag_plugin.criterions.retriever_loss`), the retriever loss
+With ``--retriever-loss`` (see :mod:`rag_plugin.criterions.retriever_loss`), the retriever loss
 computed from this criterion's per-document target log-probs is added with its weight and logged apart
 (``retriever_loss``); ``loss`` is the sum trained, ``nll_loss`` the marginal NLL alone.
 """
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
-from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.criterions import retriever_loss as RL
 from rag_plugin.criterions.retrieval_health import VALID_KEY, top1_shared
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.interpolation import interpolated
 
 
 @dataclass
-class MarginalNLLConfig(FairseqDataclass):
+class MarginalNLLConfig(RL.RetrieverLossConfig):
     label_smoothing: float = field(default=0.0, metadata={"help": "epsilon for label smoothing (0 = none)"})
     sentence_avg: bool = II("optimization.sentence_avg")
     best_checkpoint_metric: str = II("checkpoint.best_checkpoint_metric")
+    target_format: str = II("task.target_format")
 
 
 def doc_log_prior_of(net_output) -> torch.Tensor:
@@ -52,13 +54,16 @@ def gold_doc_prob(doc_lp: torch.Tensor, doc_rows, gold_rows) -> torch.Tensor:
 @register_criterion("marginal_nll", dataclass=MarginalNLLConfig)
 class MarginalNLLCriterion(RL.AddsRetrieverLoss, FairseqCriterion):
 
-    def __init__(self, task, label_smoothing: float = 0.0, sentence_avg: bool = False,
-                 best_checkpoint_metric: str = "loss"):
+    def __init__(self, task, cfg: Optional[MarginalNLLConfig] = None):
         super().__init__(task)
-        self.eps = label_smoothing
-        self.sentence_avg = sentence_avg  # fairseq's --sentence-avg: gradients averaged per example, not per token
-        self.best_checkpoint_metric = best_checkpoint_metric
-        self.init_retriever_loss(task)
+        cfg = cfg if cfg is not None else MarginalNLLConfig()
+        self.eps = float(cfg.label_smoothing)
+        # fairseq's --sentence-avg: gradients averaged per example, not per token
+        self.sentence_avg = bool(interpolated(cfg, "sentence_avg", False))
+        self.best_checkpoint_metric = str(interpolated(cfg, "best_checkpoint_metric", "loss"))
+        # --target-format hf: transformers' RAG-Sequence objective, its label-smoothing term included
+        self.hf_target = str(interpolated(cfg, "target_format", "plugin")) == "hf"
+        self.init_retriever_loss(cfg)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -112,15 +117,13 @@ class MarginalNLLCriterion(RL.AddsRetrieverLoss, FairseqCriterion):
         target = sample["target"]
         mask = target.ne(self.padding_idx)
         if model.variant == "sequence":
-            # --target-format hf: transformers' objective, its label-smoothing term included
-            hf = str(getattr(getattr(self.task, "cfg", None), "target_format", "plugin")) == "hf"
-            loss, nll = M.rag_sequence_loss(lprobs, doc_lp, target, mask, epsilon=self.eps, hf_compat=hf)
+            loss, nll = M.rag_sequence_loss(lprobs, doc_lp, target, mask, epsilon=self.eps, hf_compat=self.hf_target)
         else:
             loss, nll = M.rag_token_loss(lprobs, doc_lp, target, mask, epsilon=self.eps)
         return loss, nll, doc_lp, lprobs
 
     def compute_retriever_loss(self, model, net_output, sample, doc_lp, lprobs):
-        """The task's --retriever-loss per question [B], from the marginal's own log-probs (the target's
+        """--retriever-loss per question [B], from the marginal's own log-probs (the target's
         [B, K, T] gathered from them again: nothing next to the [B, K, T, V] log-softmax)."""
         target = sample["target"]
         token_lp = M.target_token_log_probs(lprobs, target)

@@ -1,6 +1,6 @@
 """Criterion ``reader_cross_entropy``: a reader that reads all its documents at once (Fusion-in-Decoder)
 trained with cross-entropy on the answer, as fairseq's ``label_smoothed_cross_entropy`` computes it, plus
-the task's ``--retriever-loss`` (``adist``: the decoder's cross-attention over the passages as the
+``--retriever-loss`` (``adist``: the decoder's cross-attention over the passages as the
 retriever's target) and the retriever's recall of the gold passages (``recall_at_K``).
 
 ``loss`` is the sum trained; ``nll_loss`` the answer's cross-entropy alone; ``retriever_loss`` logged apart
@@ -8,7 +8,9 @@ retriever's target) and the retriever's recall of the gold passages (``recall_at
 ``label_smoothed_cross_entropy`` (tested), and logs the retriever's recall where the data names gold passages.
 """
 from dataclasses import dataclass
+from typing import Optional
 
+from fairseq import metrics
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -16,19 +18,22 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 
 from rag_plugin.criterions import retriever_loss as RL
+from rag_plugin.util.interpolation import interpolated
 
 
 @dataclass
-class ReaderCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
+class ReaderCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig, RL.RetrieverLossConfig):
     pass
 
 
 @register_criterion("reader_cross_entropy", dataclass=ReaderCrossEntropyConfig)
 class ReaderCrossEntropyCriterion(RL.AddsRetrieverLoss, LabelSmoothedCrossEntropyCriterion):
 
-    def __init__(self, task, sentence_avg, label_smoothing=0.0, ignore_prefix_size=0, report_accuracy=False):
-        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        self.init_retriever_loss(task)
+    def __init__(self, task, cfg: Optional[ReaderCrossEntropyConfig] = None):
+        cfg = cfg if cfg is not None else ReaderCrossEntropyConfig()
+        super().__init__(task, bool(interpolated(cfg, "sentence_avg", False)), cfg.label_smoothing,
+                         cfg.ignore_prefix_size, cfg.report_accuracy)
+        self.init_retriever_loss(cfg)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -55,8 +60,6 @@ class ReaderCrossEntropyCriterion(RL.AddsRetrieverLoss, LabelSmoothedCrossEntrop
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
-        from fairseq import metrics
-
         super().reduce_metrics(logging_outputs)
         RL.log_retriever_metrics(logging_outputs, metrics)
 

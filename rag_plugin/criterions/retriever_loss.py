@@ -1,6 +1,7 @@
-"""What a criterion adds for ``--retriever-loss`` and for the retriever's recall: the loss from a model's
-output (the math is :mod:`rag_plugin.core.retriever_losses`), the recall@K of the gold passages, and their
-logging (``retriever_loss``, ``recall_at_K``).
+"""What a criterion adds for ``--retriever-loss`` and for the retriever's recall: its options
+(:class:`RetrieverLossConfig`, on the dataclass of every criterion that adds the loss, as ``label_smoothing`` is on
+fairseq's), the loss from a model's output (the math is :mod:`rag_plugin.core.retriever_losses`), the recall@K of
+the gold passages, and their logging (``retriever_loss``, ``recall_at_K``).
 
 A criterion (an :class:`AddsRetrieverLoss`) calls :func:`retriever_loss` with what it has computed anyway
 (the per-document target log-probs of a RAG reader), adds ``weight x loss x sample_size / nsentences`` to its
@@ -8,30 +9,61 @@ summed loss (:meth:`AddsRetrieverLoss.with_retriever_loss`: after fairseq divide
 retriever loss enters as its mean per question), and puts :func:`retriever_stats` into its logging output.
 """
 import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from rag_plugin.core import retriever_losses as R
-from rag_plugin.tasks.retriever_options import ATTENTION_KEY
+from rag_plugin.core.net_output import ATTENTION_KEY
 from rag_plugin.util.errors import UserError
+
+RETRIEVER_LOSSES = ("none", "pdist", "adist", "emdr2", "loop")
+
+
+@dataclass
+class RetrieverLossConfig(FairseqDataclass):
+    retriever_loss: ChoiceEnum(list(RETRIEVER_LOSSES)) = field(default="none", metadata={
+        "help": "a loss training the retriever towards the reader (Atlas): pdist, adist (FiD), emdr2 or loop"})
+    retriever_loss_weight: float = field(default=1.0, metadata={
+        "help": "weight of --retriever-loss (its mean per question) in the loss trained"})
+    retriever_loss_start: int = field(default=0, metadata={
+        "help": "the retriever loss joins the loss trained from this update on (logged only before)"})
+    retriever_temperature: float = field(default=1.0, metadata={
+        "help": "--retriever-loss compares its target with softmax(doc scores / this)"})
+    retriever_target_temperature: float = field(default=1.0, metadata={
+        "help": "the distillation target (pdist, adist, loop) is softmax(target logits / this)"})
+
+
+def check_loss_options(cfg) -> None:
+    """The retriever-loss options alone: one-line errors naming the option."""
+    if str(cfg.retriever_loss) == "none":
+        return
+    if not float(cfg.retriever_loss_weight) >= 0:
+        raise UserError(f"--retriever-loss-weight {cfg.retriever_loss_weight} is negative", fix="use a weight >= 0")
+    if int(cfg.retriever_loss_start) < 0:
+        raise UserError(f"--retriever-loss-start {cfg.retriever_loss_start} is negative",
+                        fix="give the update the retriever loss starts at (0: from the first)")
+    if not float(cfg.retriever_temperature) > 0:
+        raise UserError(f"--retriever-temperature {cfg.retriever_temperature} must be positive", fix="e.g. 1")
+    if not float(cfg.retriever_target_temperature) > 0:
+        raise UserError(f"--retriever-target-temperature {cfg.retriever_target_temperature} must be positive",
+                        fix="e.g. 1 or 0.1")
 
 
 class AddsRetrieverLoss:
-    """What a criterion that adds the task's ``--retriever-loss`` shares (``marginal_nll``, ``reader_cross_entropy``):
-    the options read once (``retriever_term``), the update the task hands it each step (``--retriever-loss-start``),
-    and the weighted addition to its loss."""
+    """What a criterion that adds ``--retriever-loss`` shares (``marginal_nll``, ``reader_cross_entropy``): its
+    options, read once from the criterion's config, the update the task hands it each step
+    (``--retriever-loss-start``), and the weighted addition to its loss."""
 
-    #: checked by rag_plugin.tasks.retriever_options.check_criterion
-    adds_retriever_loss = True
-
-    def init_retriever_loss(self, task) -> None:
-        cfg = getattr(task, "cfg", None)  # a task without these options: no retriever loss
-        self.retriever_loss = str(getattr(cfg, "retriever_loss", "none") or "none")
-        self.retriever_loss_weight = float(getattr(cfg, "retriever_loss_weight", 1.0))
-        self.retriever_temperature = float(getattr(cfg, "retriever_temperature", 1.0))
-        self.retriever_target_temperature = float(getattr(cfg, "retriever_target_temperature", 1.0))
-        self.retriever_loss_start = int(getattr(cfg, "retriever_loss_start", 0) or 0)
+    def init_retriever_loss(self, cfg: RetrieverLossConfig) -> None:
+        check_loss_options(cfg)
+        self.retriever_loss = str(cfg.retriever_loss)
+        self.retriever_loss_weight = float(cfg.retriever_loss_weight)
+        self.retriever_temperature = float(cfg.retriever_temperature)
+        self.retriever_target_temperature = float(cfg.retriever_target_temperature)
+        self.retriever_loss_start = int(cfg.retriever_loss_start)
         self.update_num = 0
 
     def set_update(self, update_num: int) -> None:

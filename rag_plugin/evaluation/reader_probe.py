@@ -170,8 +170,7 @@ def check(rag, data: ProbeQuestions, k: int) -> None:
 def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0,
           progress: Optional[Callable[[int], None]] = None) -> ProbeResult:
     """Run the four conditions over ``data`` with the loaded model ``rag`` (:class:`rag_plugin.hub.RAG`).
-
-    With a BM25 or hybrid retriever, call :func:`retrieve_enough` first (its candidates come with the dataset)."""
+"""
     from fairseq import utils
 
     from rag_plugin.util.devices import model_device
@@ -187,7 +186,9 @@ def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0
         idx = range(start, min(start + batch_size, len(data)))
         questions = [data.questions[i] for i in idx]
         gold = [data.gold[i] for i in idx]
-        dataset = task.build_dataset(questions, targets=[data.answers[i] for i in idx])
+        # the candidates a BM25 (or hybrid) dataset holds: enough for K-1 non-gold ones once the gold are set aside
+        dataset = task.build_dataset(questions, targets=[data.answers[i] for i in idx],
+                                     candidates=k - 1 + max(len(g) for g in gold))
         sample = dataset.collater([dataset[i] for i in range(len(dataset))])
         sample = utils.apply_to_sample(lambda t: t.to(device), sample)  # a model on a GPU (as the hub's generate)
         ni = sample["net_input"]
@@ -211,16 +212,3 @@ def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0
         if cond in MIXED:
             result.gold_share[cond] = sums[cond][1] / n
     return result
-
-
-def retrieve_enough(rag, data: ProbeQuestions, k: int) -> None:
-    """Have the task's BM25 (and hybrid) candidates, which come with its datasets, hold K-1 non-gold passages
-    after the gold ones are set aside."""
-    from omegaconf import DictConfig, open_dict
-
-    n_docs = k - 1 + max((len(g) for g in data.gold), default=1)
-    if isinstance(rag.task.cfg, DictConfig):  # a checkpoint's config (RAG.from_pretrained)
-        with open_dict(rag.task.cfg):
-            rag.task.cfg.n_docs = n_docs
-    else:  # the dataclass itself
-        rag.task.cfg.n_docs = n_docs

@@ -16,7 +16,6 @@ decoder's cross-attention (:mod:`rag_plugin.generation.fid_attention`), attached
 from typing import List, Optional
 
 import torch
-from fairseq.tasks import FairseqTask
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, _teacher_forcing_rows
@@ -54,9 +53,8 @@ class FidGenerator(_FidGeneratorBase):
     def __init__(self, task, fid, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
         super().__init__(fid)
         self.search_model = PerDocumentSearchModel(fid)
-        self.search = FairseqTask.build_generator(task, [self.search_model], args,
-                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs,
-                                                  prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
+        self.search = task.build_search([self.search_model], args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                                        prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
 
     def _generate(self, models, sample, **kwargs):
         encoder_out, doc_scores, rows = self._encode(sample)

@@ -24,7 +24,6 @@ Scores are normalised by ``len(y) ** lenpen`` like fairseq's (``--unnormalized``
 from typing import Dict, List, Tuple
 
 import torch
-from fairseq.tasks import FairseqTask
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, score_candidates
@@ -43,9 +42,8 @@ class RagSequenceGenerator(RagGeneratorBase):
         self.decoding = decoding
         self.search_model = PerDocumentSearchModel(rag)
         # the search's rows are (question, document) pairs: the function sees the question's sample id
-        self.search = FairseqTask.build_generator(task, [self.search_model], args,
-                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs,
-                                                  prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
+        self.search = task.build_search([self.search_model], args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                                        prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
         self.lenpen = float(getattr(args, "lenpen", 1.0))
         self.normalize = not getattr(args, "unnormalized", False)
         self.nbest = int(getattr(args, "nbest", 1))

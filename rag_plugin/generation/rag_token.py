@@ -1,5 +1,4 @@
 """RAG-Token decoding: fairseq's SequenceGenerator over the marginalised transition."""
-from fairseq.tasks import FairseqTask
 
 from rag_plugin.generation.adapters import RagGeneratorBase, RagTokenSearchModel
 
@@ -17,9 +16,8 @@ class RagTokenGenerator(RagGeneratorBase):
     def __init__(self, task, rag, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
         super().__init__(rag)
         self.search_model = RagTokenSearchModel(rag)
-        self.search = FairseqTask.build_generator(task, [self.search_model], args,
-                                                  extra_gen_cls_kwargs=extra_gen_cls_kwargs,
-                                                  prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
+        self.search = task.build_search([self.search_model], args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                                        prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
         self.search_model.temperature = float(getattr(self.search, "temperature", 1.0))
 
     def _generate(self, models, sample, **kwargs):

@@ -18,7 +18,8 @@ as ``context.passage_tokenizer``).
 
 The document tower's learning rate is scaled as the query encoder's (``--query-encoder-lr-scale``), by the same
 reparametrisation: its checkpoint keys are ``doc_encoder.*...parametrizations.weight.original`` = weight / scale.
-:func:`plain_tower_state` resolves them to the effective weights (keys as ``BiEncoderTower.state_dict()``), whose
+:func:`~rag_plugin.optim.lr_scale.plain_module_state` resolves them to the effective weights (keys as
+``BiEncoderTower.state_dict()``), whose
 :func:`~rag_plugin.retrieval.encoders.weights.state_dict_sha256` names the tower: a knowledge-source version
 re-embedded with it records that hash as ``document_tower_sha256`` (a version without it: its encoder's
 ``passage_weights_sha256``). A model served from a checkpoint (generation, validation, the hub) is refused when the
@@ -29,24 +30,20 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import types
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from rag_plugin.core.scores import inner_products
+from rag_plugin.optim.lr_scale import plain_module_state
 from rag_plugin.retrieval.encoders import lower_states as lower_cache
-from rag_plugin.retrieval.encoders.weights import state_dict_sha256, sub_state
-from rag_plugin.retrieval.threads import faiss_thread_budget
+from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-#: the parametrisation marker of a parameter whose learning rate is scaled (rag_plugin/models/rag.py)
-_MARKER = ".parametrizations."
-_ORIGINAL = ".original"
 #: ``KS/.lower_states``: the caches of frozen lower layers (``--doc-encoder-train-layers``)
 LOWER_STATES_DIR = lower_cache.DIR_NAME
 #: distinct retrieved rows per forward of the document tower (``--doc-encoder-chunk``'s default; see
@@ -151,7 +148,7 @@ def lower_states_of(model):
     cached = getattr(model, "_lower_states", None)
     if cached is not None and cached.passages_sha256 == store.sha256:  # a re-index's version: the same passages
         return cached
-    key = lower_cache.tower_key(plain_tower_state(model.doc_encoder), layers, store.sha256)
+    key = lower_cache.tower_key(plain_module_state(model.doc_encoder), layers, store.sha256)
     tokenizer, root = model.context.passage_tokenizer, Path(knowledge.root) / LOWER_STATES_DIR
     logger.info("--doc-encoder-train-layers %d: the document encoder's lower %d layers run once per passage (%s "
                 "passages, cached under %s)", int(model.cfg.doc_encoder_train_layers), layers, f"{len(store):,}", root)
@@ -212,9 +209,8 @@ def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, to
     again with one: the top-K values are all the gradient reaches, so it is the same gradient as through the
     whole [B, L] graph, with the activations and the backward of K rows per question instead of L."""
     top = max(k, int(model.cfg.rerank_top))
-    found = model.retriever.search_vectors(q.detach().float().cpu().numpy(), top,
-                                           compute_threads=faiss_thread_budget(q.device))
-    rows = torch.from_numpy(found.rows)
+    with torch.no_grad():  # the index only picks the candidates: its stored vectors' scores are not used
+        _, rows = model.retriever.retrieve(q, top, model.doc_score_scale)
     grad = model.training and torch.is_grad_enabled()
     encode = functools.partial(document_vectors, model.doc_encoder, store=model.retriever.store,
                                tokenize=model.context.passage_tokenizer, device=q.device,
@@ -231,75 +227,10 @@ def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, to
     return scores, rows
 
 
-# ---------------------------------------------------------------------------------- plain weights
-def plain_state(state: Dict[str, torch.Tensor], scale: float) -> Dict[str, torch.Tensor]:
-    """A (sub-)state dict with the learning-rate reparametrisation resolved: ``X.parametrizations.NAME.original``
-    -> ``X.NAME`` = original x scale (the weight the model computes with); other keys as they are."""
-    out = {}
-    for key, value in state.items():
-        if _MARKER in key and key.endswith(_ORIGINAL):
-            head, rest = key.split(_MARKER, 1)
-            out[f"{head}.{rest[:-len(_ORIGINAL)]}"] = value * scale
-        elif _MARKER not in key:
-            out[key] = value
-    return out
-
-
-def plain_tower_state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """``module``'s state dict as a module without parametrisations would have it: the effective weights, in
-    float32 whatever the module's dtype (the stored weights upcast, then scaled: as
-    :func:`doc_encoder_state_from_checkpoint` computes them from a checkpoint, so that the two hash alike)."""
-    out = {}
-    for key, value in module.state_dict().items():
-        if _MARKER in key:
-            if key.endswith(_ORIGINAL):
-                head, rest = key.split(_MARKER, 1)
-                name = rest[:-len(_ORIGINAL)]
-                weight = value.detach().float()
-                for parametrization in module.get_submodule(head).parametrizations[name]:
-                    weight = parametrization(weight)
-                out[f"{head}.{name}"] = weight
-        else:
-            out[key] = value.detach().float() if value.is_floating_point() else value.detach()
-    return out
-
-
+# ---------------------------------------------------------------------------------- the tower's name
 def document_tower_sha256(module: torch.nn.Module) -> str:
     """The hash naming a document tower (:func:`state_dict_sha256` of its plain weights)."""
-    return state_dict_sha256(plain_tower_state(module))
-
-
-def _checkpoint_scale(cfg: dict) -> float:
-    """The learning-rate scale a checkpoint's model was built with, from its saved cfg (``model.lr`` is saved as the
-    unresolved ``${optimization.lr}``: resolved here from ``optimization.lr``)."""
-    from rag_plugin.models.rag import query_encoder_lr_scale
-
-    model = cfg.get("model") or {}
-    lr = (cfg.get("optimization") or {}).get("lr", model.get("lr"))
-    return query_encoder_lr_scale(types.SimpleNamespace(query_encoder_lr_scale=model.get("query_encoder_lr_scale",
-                                                                                        0.0), lr=lr))
-
-
-def doc_encoder_state_from_checkpoint(path: str) -> Dict[str, torch.Tensor]:
-    """The plain document tower state (keys as ``BiEncoderTower.state_dict()``) of a fairseq checkpoint trained with
-    ``--train-doc-encoder``, read with safe loading; a one-line error for any other checkpoint."""
-    from rag_plugin.util.safe_load import safe_torch_load
-
-    state = safe_torch_load(path)
-    cfg = state.get("cfg") if isinstance(state, dict) else None
-    model_cfg = (cfg or {}).get("model") or {}
-    if not model_cfg.get("train_doc_encoder"):
-        raise UserError("the checkpoint has no trained document encoder (it was trained without "
-                        "--train-doc-encoder)", path=str(path),
-                        fix="re-embed with a checkpoint of a run with --train-doc-encoder (the knowledge source's "
-                            "own vectors already are this checkpoint's document side)")
-    prefix = "query_encoder." if model_cfg.get("share_encoder_towers") else "doc_encoder."
-    weights = sub_state(state.get("model") or {}, prefix)
-    if not weights:
-        raise UserError(f"the checkpoint records --train-doc-encoder but holds no {prefix}* weights", path=str(path),
-                        fix="use a checkpoint written by fairseq-train with the plugin")
-    weights = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}  # --fp16 checkpoints
-    return plain_state(weights, _checkpoint_scale(cfg))
+    return state_dict_sha256(plain_module_state(module))
 
 
 # ---------------------------------------------------------------------------------- agreement with the index

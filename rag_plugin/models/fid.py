@@ -12,7 +12,7 @@ Trained with plain cross-entropy on the answer (fairseq's ``--criterion cross_en
 ``label_smoothed_cross_entropy``: the model's output is a fairseq decoder's). Retrieval, generator
 inputs, encoding, construction and checkpoint identity are :class:`~rag_plugin.models.rag.RagModel`'s;
 only :meth:`FidModel.forward` differs. The query encoder only chooses the passages read: no gradient
-from the answer's cross-entropy reaches it. It stays fixed, unless the task's ``--retriever-loss adist``
+from the answer's cross-entropy reaches it. It stays fixed, unless the criterion's ``--retriever-loss adist``
 trains it towards each passage's share of the decoder's cross-attention (FiD-KD, Atlas's ADist): then the
 forward pass also returns those shares as ``extra["doc_attention_scores"]`` [B, K] (a constant), and the
 retriever's scores keep their gradient (criterion ``reader_cross_entropy`` adds the loss).
@@ -22,21 +22,23 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.models import register_model, register_model_architecture
+from omegaconf import II
 
+from rag_plugin.core.net_output import ATTENTION_KEY
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
-from rag_plugin.models.doc_encoder import plain_state
-from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset, query_encoder_lr_scale
-from rag_plugin.tasks.retriever_options import ATTENTION_KEY
+from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset, lr_scale
+from rag_plugin.optim.lr_scale import has_scaled_keys, plain_state
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.interpolation import interpolated
 
 
 @dataclass
 class FidConfig(RagConfig):
     freeze_query_encoder: bool = field(
         default=False, metadata={"help": "no effect on FiD: its query encoder is fixed unless --retriever-loss adist "
-                                         "trains it (cross-entropy on the answer has no gradient path to the query "
-                                         "encoder: the passages' retrieval scores are not part of FiD's "
-                                         "likelihood)"})
+                                         "trains it"})
+    #: the criterion's --retriever-loss (adist trains the query encoder; anything else leaves it fixed)
+    retriever_loss: str = II("criterion.retriever_loss")
 
 
 def fuse_encodings(encoder_out: Dict[str, List[torch.Tensor]], k: int) -> Dict[str, List[torch.Tensor]]:
@@ -63,7 +65,7 @@ class FidModel(RagModel):
     config_class = FidConfig
     #: returns the decoder's cross-attention share of each passage when asked (--retriever-loss adist)
     cross_attention_doc_scores = True
-    #: whether forward() returns the shares (set by build_model from the task's --retriever-loss)
+    #: whether forward() returns the shares (set by build_model from the criterion's --retriever-loss)
     returns_attention = False
 
     @classmethod
@@ -74,7 +76,7 @@ class FidModel(RagModel):
                             fix="use --n-docs 1 or more, or --arch rag_token_* with --n-docs 0 for closed-book BART")
         # the query encoder learns only from a retriever loss (adist: the decoder's cross-attention over the
         # passages); otherwise no gradient reaches it: frozen, no graph, no optimizer state
-        adist = str(getattr(task.cfg, "retriever_loss", "none")) == "adist"
+        adist = str(interpolated(cfg, "retriever_loss", "none")) == "adist"
         cfg.freeze_query_encoder = not adist
         model = super().build_model(cfg, task)
         model.returns_attention = adist
@@ -87,10 +89,9 @@ class FidModel(RagModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def _from_scaled_parameters(self, state_dict):
-        marker = ".parametrizations."
-        if any(marker in k for k in self.state_dict()) or not any(marker in k for k in state_dict):
+        if has_scaled_keys(self.state_dict()) or not has_scaled_keys(state_dict):
             return state_dict
-        return plain_state(state_dict, query_encoder_lr_scale(self.cfg))
+        return plain_state(state_dict, lr_scale(self.cfg))
 
     def fused_encode(self, src_tokens, query_tokens=None, query_mask=None, fixed_doc_rows=None,
                      fixed_doc_scores=None, n_docs: Optional[int] = None):
@@ -122,25 +123,6 @@ class FidModel(RagModel):
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         """fairseq's criteria (cross_entropy, label_smoothed_cross_entropy) read the decoder's output."""
         return self.generator.get_normalized_probs(net_output, log_probs, sample)
-
-
-def refuse_criterion(variant: Optional[str], criterion):
-    """``criterion``, or a one-line error for one that does not train the model family: RAG's document marginal
-    for FiD, fairseq's plain cross-entropy for RAG (whose output holds one row per (question, document) pair)."""
-    from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion
-
-    plain = {"CrossEntropyCriterion": "cross_entropy",
-             "LabelSmoothedCrossEntropyCriterion": "label_smoothed_cross_entropy",
-             "ReaderCrossEntropyCriterion": "reader_cross_entropy"}.get(type(criterion).__name__)
-    if variant == "fid" and isinstance(criterion, MarginalNLLCriterion):
-        raise UserError("--criterion marginal_nll marginalises over documents; Fusion-in-Decoder (--arch fid_*) "
-                        "reads them all at once and trains with plain cross-entropy",
-                        fix="use --criterion reader_cross_entropy (or fairseq's cross_entropy or "
-                            "label_smoothed_cross_entropy)")
-    if variant in ("token", "sequence") and plain:
-        raise UserError(f"--criterion {plain}: a RAG model (--arch rag_*) is trained with its "
-                        f"document marginal", fix="use --criterion marginal_nll (or --arch fid_* for cross-entropy)")
-    return criterion
 
 
 for _size, _positions in (("tiny", 128), ("base", 1024), ("large", 1024)):

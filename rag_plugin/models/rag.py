@@ -26,11 +26,16 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 from omegaconf import II
 
-from rag_plugin.core.scores import inner_products
 from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
-from rag_plugin.retrieval.threads import faiss_thread_budget
+from rag_plugin.optim.lr_scale import (
+    has_scaled_keys,
+    plain_module_state,
+    resolved_scale,
+    scale_learning_rate,
+    scaled_state,
+)
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -120,59 +125,9 @@ class RagConfig(FairseqDataclass):
                 "steps on a CPU. 0 = the whole tower"})
 
 
-class _Scaled(torch.nn.Module):
-    """weight = scale * stored: an optimizer step of size lr on ``stored`` moves the weight by scale * lr."""
-
-    def __init__(self, scale: float):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, stored):
-        return stored * self.scale
-
-    def right_inverse(self, weight):
-        return weight / self.scale
-
-
-def scale_learning_rate(module: torch.nn.Module, scale: float) -> None:
-    """Give every trainable parameter of ``module`` an effective learning rate of ``scale`` x lr.
-
-    A reparametrisation rather than an optimizer parameter group, so fairseq's optimizers and
-    lr schedulers (which set one lr for all groups) need no change. Adam-style updates are
-    invariant to gradient scale, so scaling gradients would not do this.
-    """
-    from torch.nn.utils import parametrize
-
-    if scale <= 0:
-        raise UserError(f"--query-encoder-lr-scale must be positive, got {scale}",
-                        fix="use --freeze-query-encoder to keep it fixed")
-    for sub in list(module.modules()):
-        for name, param in list(sub.named_parameters(recurse=False)):
-            if param.requires_grad:
-                parametrize.register_parametrization(sub, name, _Scaled(scale))
-                # AdamW's decoupled decay (stored *= 1 - lr * wd) is not scaled by the reparametrisation:
-                # the tag lets an optimizer give these parameters weight decay x scale (torch_adamw does)
-                getattr(sub.parametrizations, name).original.lr_scale = scale
-
-
-#: the query encoder's learning rate in the paper (Appendix B: 3e-5 for the whole model)
-QUERY_ENCODER_LR = 3e-5
-
-
-def query_encoder_lr_scale(cfg) -> float:
-    """``--query-encoder-lr-scale``, with 0 resolved to min(1, 3e-5 / --lr) (1 when --lr is not known)."""
-    scale = float(cfg.query_encoder_lr_scale)
-    if scale < 0:
-        raise UserError(f"--query-encoder-lr-scale must be positive (or 0: automatic), got {scale}",
-                        fix="use --freeze-query-encoder to keep it fixed")
-    if scale > 0:
-        return scale
-    try:
-        lr = cfg.lr
-        first = float(lr if isinstance(lr, (int, float)) else lr[0])
-    except Exception:  # no --lr in this config (a model built outside fairseq's options): "${...}", None, ...
-        return 1.0
-    return min(1.0, QUERY_ENCODER_LR / first) if first > 0 else 1.0
+def lr_scale(cfg) -> float:
+    """The towers' learning-rate scale of a model built with ``cfg`` (``--query-encoder-lr-scale``, 0 resolved)."""
+    return resolved_scale(cfg.query_encoder_lr_scale, getattr(cfg, "lr", None))
 
 
 def _as_config(cfg, config_class=RagConfig) -> RagConfig:
@@ -207,18 +162,15 @@ class RagModel(BaseFairseqModel):
         self.query_encoder = query_encoder
         self.dictionary = dictionary
         self.bos, self.eos, self.pad = dictionary.bos(), dictionary.eos(), dictionary.pad()
-        self.context = context
-        self.n_docs = context.n_docs
-        self.retriever = context.retriever   # dense, BM25 (rows fixed by the dataset) or None (closed book)
-        self.input_format = context.input_format
-        self.doc_score_scale = context.doc_score_scale
-        self.knowledge_identity: Optional[dict] = dict(context.identity) or None  # what this model is trained with
+        self.context: RetrievalContext = context
+        self.knowledge_identity: Optional[dict] = None  # what this model is trained with
+        self.use_retrieval(context)
         if query_encoder is not None and cfg.freeze_query_encoder:
             for p in query_encoder.parameters():
                 p.requires_grad_(False)
         if query_encoder is not None and cfg.freeze_query_embeddings:
             query_encoder.bert_model.embeddings.word_embeddings.weight.requires_grad_(False)
-        scale = query_encoder_lr_scale(cfg)
+        scale = lr_scale(cfg)
         if query_encoder is not None and not cfg.freeze_query_encoder and scale != 1.0:
             scale_learning_rate(query_encoder, scale)
         if query_encoder is not None and not cfg.freeze_query_encoder and not cfg.query_encoder_lr_scale:
@@ -236,9 +188,34 @@ class RagModel(BaseFairseqModel):
             return self.query_encoder
         return self._modules.get("doc_encoder")
 
+    def use_retrieval(self, context: RetrievalContext) -> None:
+        """Retrieve as ``context`` says from now on: the only writer of the model's retrieval. The task hands one at
+        construction; a re-index switch (--reindex-every) and the hub's ``reload`` hand the newer version's. What the
+        model records as trained with (saved in its checkpoints) follows it."""
+        self.context = context
+        self.knowledge_identity = dict(context.identity) or None
+
+    @property
+    def n_docs(self) -> int:
+        """K, documents per question (0: closed book)."""
+        return self.context.n_docs
+
+    @property
+    def retriever(self):
+        """Dense, BM25 (rows fixed by the dataset), hybrid, or None (closed book): a ``Retriever``."""
+        return self.context.retriever
+
+    @property
+    def input_format(self):
+        return self.context.input_format
+
+    @property
+    def doc_score_scale(self) -> float:
+        return self.context.doc_score_scale
+
     def doc_encoder_state(self) -> dict:
         """The document tower's plain weights (keys as ``BiEncoderTower.state_dict()``), see doc_encoder.py."""
-        return doc_side.plain_tower_state(self.doc_encoder)
+        return plain_module_state(self.doc_encoder)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -295,30 +272,19 @@ class RagModel(BaseFairseqModel):
     # ------------------------------------------------------------------ retrieval
     def retrieve(self, query_tokens: Optional[torch.Tensor], query_mask: Optional[torch.Tensor], n_docs: int,
                  fixed_doc_rows: Optional[torch.Tensor] = None, fixed_doc_scores: Optional[torch.Tensor] = None):
-        """Top-``n_docs`` documents: (doc_scores [B, K] (differentiable in q), rows Long[B, K])."""
-        if hasattr(self.retriever, "fuse"):  # hybrid: the dataset's BM25 candidates fused with the dense ones
-            return self._hybrid_retrieve(query_tokens, query_mask, n_docs, fixed_doc_rows, fixed_doc_scores)
-        if fixed_doc_rows is not None:  # BM25: documents and scores fixed per question
-            return fixed_doc_scores[:, :n_docs].float(), fixed_doc_rows[:, :n_docs]
-        grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
-        with torch.set_grad_enabled(grad):
-            q = self.query_encoder(query_tokens, query_mask)                      # [B, D]
-        if self.doc_encoder is not None:  # --train-doc-encoder: the current document encoder scores the rows
+        """Top-``n_docs`` documents: (doc_scores [B, K] (differentiable in q), rows Long[B, K]). The retriever
+        searches with the query vectors (none for BM25); ``fixed_doc_*``: the candidates the dataset holds (BM25 and
+        hybrid), or rows a caller forces on a dense model. With --train-doc-encoder the model's own document encoder
+        scores the rows the index finds."""
+        q = None
+        if self.query_encoder is not None and query_tokens is not None:
+            grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
+            with torch.set_grad_enabled(grad):
+                q = self.query_encoder(query_tokens, query_mask)                  # [B, D]
+        candidates = None if fixed_doc_rows is None else (fixed_doc_rows, fixed_doc_scores)
+        if self.doc_encoder is not None and candidates is None:
             return doc_side.rescored_retrieval(self, q, n_docs)
-        found = self.retriever.search_vectors(q.detach().float().cpu().numpy(), n_docs,
-                                              compute_threads=faiss_thread_budget(q.device), with_vectors=True)
-        rows = torch.from_numpy(found.rows)
-        d = torch.from_numpy(found.vectors).to(q.device)  # [B, K, D] float32, frozen
-        return inner_products(d, q, self.doc_score_scale), rows  # [B, K] float32 under --fp16/--amp too
-
-    def _hybrid_retrieve(self, query_tokens, query_mask, n_docs, bm25_rows, bm25_scores):
-        """Fused logits [B, K] (their gradient reaches the query encoder, see rag_plugin/retrieval/hybrid.py)."""
-        grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
-        with torch.set_grad_enabled(grad):
-            q = self.query_encoder(query_tokens, query_mask).float()                  # [B, D]
-            logits, rows = self.retriever.fuse(q, bm25_rows.cpu().numpy(), bm25_scores.cpu().numpy(), n_docs,
-                                               self.doc_score_scale, compute_threads=faiss_thread_budget(q.device))
-        return logits, torch.from_numpy(rows)
+        return self.retriever.retrieve(q, n_docs, self.doc_score_scale, candidates)  # float32 under --fp16/--amp
 
     def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]):
         """Inputs for the B*K (question, document) pairs, from pre-tokenized passage ids."""
@@ -436,24 +402,12 @@ class RagModel(BaseFairseqModel):
         return result
 
     def _into_scaled_parameters(self, state_dict):
-        """A checkpoint saved without the query encoder's learning-rate reparametrisation (a converted model,
-        one trained at scale 1) loaded into a model that has it (``--finetune-from-model`` at another --lr):
-        each plain ``...weight`` becomes ``...parametrizations.weight.original`` = weight / scale."""
+        """A checkpoint saved without the towers' learning-rate reparametrisation (a converted model, one trained at
+        scale 1) loaded into a model that has it (``--finetune-from-model`` at another --lr)."""
         ours = self.state_dict()
-        marker = ".parametrizations."
-        moved = {}
-        for key in ours:
-            if marker not in key or not key.endswith(".original") or key in state_dict:
-                continue
-            head, rest = key.split(marker, 1)
-            plain = f"{head}.{rest[: -len('.original')]}"
-            if plain in state_dict:
-                moved[plain] = (key, state_dict[plain] / query_encoder_lr_scale(self.cfg))
-        if not moved:
+        if not has_scaled_keys(ours):
             return state_dict
-        state_dict = {k: v for k, v in state_dict.items() if k not in moved}
-        state_dict.update(dict(moved.values()))
-        return state_dict
+        return scaled_state(state_dict, ours, lr_scale(self.cfg))
 
 
 def check_model_family(saved: Optional[str], loading: str) -> None:

@@ -36,8 +36,9 @@ import torch
 
 from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval.passages import PassageStore
-from rag_plugin.retrieval.retriever import Retrieval
+from rag_plugin.retrieval.retriever import FixedCandidates, Retrieval
 from rag_plugin.retrieval.shared import SharedOnCopy
+from rag_plugin.retrieval.threads import faiss_thread_budget
 from rag_plugin.util.errors import UserError
 
 FUSIONS = ("rrf", "weighted")
@@ -177,6 +178,18 @@ class HybridRetriever(SharedOnCopy):
         dense_logits = inner_products(d, q, doc_score_scale)  # float32 (float64 stays float64) under --amp too
         logits = fused_logits(dense_logits, cands, self.fusion, self.rrf_k, self.weight, self.scale)
         return top_k(logits, cands, k)
+
+    def retrieve(self, queries: Optional[torch.Tensor], k: int, scale: float,
+                 candidates: Optional[FixedCandidates] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A model's retrieval: the batch's BM25 lists (``candidates``, fixed by its dataset: see
+        :meth:`bm25_candidates`) fused with the dense side searched with the model's query vectors."""
+        if candidates is None:
+            raise UserError("hybrid retrieval fuses each question's BM25 list, which comes with its dataset; this "
+                            "batch has none", fix="build the batch with the task's build_dataset")
+        rows, scores = candidates
+        logits, hits = self.fuse(queries.float(), rows.cpu().numpy(), scores.cpu().numpy(), k, scale,
+                                 compute_threads=faiss_thread_budget(queries.device))
+        return logits, torch.from_numpy(hits)
 
     def search(self, questions: Sequence[str], k: int, batch_size: int = 64) -> Retrieval:
         """Top-``k`` fused passages of each question with the dense side's own query encoder; ``scores`` are the

@@ -1,25 +1,34 @@
-"""Retrievers behind one protocol, :class:`Retriever`: a passage ``store`` and
-``search(questions, k) -> Retrieval`` (rows, scores, and for dense retrieval the stored vectors).
+"""Retrievers behind one protocol, :class:`Retriever`: a passage ``store``, ``search(questions, k) -> Retrieval``
+(rows, scores, and for dense retrieval the stored vectors) for scripts, and ``retrieve(queries, k, scale,
+candidates)`` for a model: the logits of p(z|x) with their gradient in the model's query vectors, and the rows.
 
 * :class:`DenseRetriever`: query encoder + FAISS MIPS index + passage store (the paper's
-  DPR retriever). ``search_vectors`` takes query vectors made elsewhere (a model's trainable query
-  encoder) and hands back the stored document vectors of the hits, so the model recomputes the
-  scores q.d with gradients.
+  DPR retriever). A model hands it the query vectors of its trainable query encoder; it searches the index
+  and returns scale x q.d(z) from the stored document vectors of the hits (the gradient reaches q, never d).
 * :class:`BM25Retriever`: lexical BM25 (bm25s) over the same passage store (the paper's
-  BM25 ablation, Table 6): fixed scores, nothing to train.
+  BM25 ablation, Table 6): fixed scores, nothing to train. A model's candidates come with its dataset.
+* :class:`~rag_plugin.retrieval.hybrid.HybridRetriever`: the two fused.
+
+A re-indexed knowledge source is just another retriever handed to the model (``RagModel.use_retrieval``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence, runtime_checkable
+from typing import List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
+import torch
 
+from rag_plugin.core.scores import inner_products
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.retrieval.shared import SharedOnCopy
+from rag_plugin.retrieval.threads import faiss_thread_budget
 from rag_plugin.util.errors import UserError
+
+#: a batch's candidates that come with its dataset (BM25 and hybrid): rows Long[B, L] and their scores [B, L]
+FixedCandidates = Tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -59,6 +68,12 @@ class Retriever(Protocol):
 
     def search(self, questions: Sequence[str], k: int) -> Retrieval:
         """Top-``k`` passages of each question, best first."""
+
+    def retrieve(self, queries: Optional[torch.Tensor], k: int, scale: float,
+                 candidates: Optional[FixedCandidates] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A model's retrieval of a batch: (logits of p(z|x) [B, k], float32, differentiable in ``queries``; rows
+        Long[B, k]), best first. ``queries``: the model's query vectors [B, D] (None without a query encoder);
+        ``scale``: the model's --doc-score-scale; ``candidates``: what the batch's dataset fixed (BM25, hybrid)."""
 
 
 def _check_k(k: int, n: int) -> None:
@@ -121,6 +136,22 @@ class DenseRetriever(SharedOnCopy):
         q = self.encoder.encode_queries(questions, batch_size=batch_size)
         return self.search_vectors(np.asarray(q, dtype=np.float32), k)
 
+    def retrieve(self, queries: Optional[torch.Tensor], k: int, scale: float,
+                 candidates: Optional[FixedCandidates] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """MIPS with the model's query vectors; the logits scale x q.d from the hits' stored vectors (frozen), in
+        float32 under --fp16/--amp too (:func:`~rag_plugin.core.scores.inner_products`). ``candidates`` given (rows
+        forced by the caller, scored as given): those, no search."""
+        if candidates is not None:
+            rows, scores = candidates
+            return scores[:, :k].float(), rows[:, :k]
+        if queries is None:
+            raise UserError("dense retrieval searches with query vectors, and none were given",
+                            fix="pass the questions' query tokens (the task's datasets hold them)")
+        found = self.search_vectors(queries.detach().float().cpu().numpy(), k,
+                                    compute_threads=faiss_thread_budget(queries.device), with_vectors=True)
+        d = torch.from_numpy(found.vectors).to(queries.device)                   # [B, k, D] float32
+        return inner_products(d, queries, scale), torch.from_numpy(found.rows)
+
     def doc_vectors(self, rows: np.ndarray) -> np.ndarray:
         """Stored document vectors d(z) of ``rows``: float32 [*rows.shape, D] (frozen)."""
         flat = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -161,3 +192,13 @@ class BM25Retriever(SharedOnCopy):
         rows, scores = self._bm25.retrieve(tokens, k=k, show_progress=False, n_threads=1)
         return Retrieval(rows=np.asarray(rows, dtype=np.int64),
                          scores=np.asarray(scores, dtype=np.float32), store=self.store)
+
+    def retrieve(self, queries: Optional[torch.Tensor], k: int, scale: float,
+                 candidates: Optional[FixedCandidates] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The batch's BM25 rows and scores, fixed per question by its dataset: the scores are the logits of p(z|x)
+        as they are (the paper's BM25 ablation; ``scale`` is the dense retriever's)."""
+        if candidates is None:
+            raise UserError("BM25 retrieval reads each question's passages from its dataset; this batch has none",
+                            fix="build the batch with the task's build_dataset (it searches BM25 per question)")
+        rows, scores = candidates
+        return scores[:, :k].float(), rows[:, :k]

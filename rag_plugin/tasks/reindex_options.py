@@ -1,5 +1,5 @@
 """The task's options for re-indexing the knowledge source while the document encoder trains
-(``--reindex-every``; the work itself: :mod:`rag_plugin.training.reindex`)."""
+(``--reindex-every``; the work itself: :mod:`rag_plugin.reindexing.reindexer`)."""
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import FairseqDataclass

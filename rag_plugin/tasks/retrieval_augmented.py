@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
+from fairseq import models as fairseq_models
 from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
@@ -25,19 +26,30 @@ from omegaconf import II
 
 from rag_plugin.core.input_format import target_layout
 from rag_plugin.criterions.retrieval_health import CollapseMonitor
+from rag_plugin.criterions.retriever_loss import AddsRetrieverLoss
 from rag_plugin.data.gold_rows import gold_rows, rows_by_passage_id
 from rag_plugin.data.kilt import read_kilt, regex_target_refusal
 from rag_plugin.data.qa_dataset import RetrievalQADataset
+from rag_plugin.generation.adapters import retrieval_of
+from rag_plugin.generation.dispatch import build_generator
 from rag_plugin.generation.options import UNSUPPORTED
+from rag_plugin.generation.outputs import GenerationOutputs
+from rag_plugin.generation.piece_codec import PieceCodec
 from rag_plugin.models.context import PassageTokenizer, RetrievalContext
-from rag_plugin.tasks import reindex_options, retriever_options
+from rag_plugin.reindexing.reindexer import Reindexer
+from rag_plugin.retrieval.collective import job_searcher
+from rag_plugin.retrieval.knowledge import KnowledgeSource
+from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
+from rag_plugin.tasks import hybrid_options, pairing, reindex_options
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.interpolation import interpolated
+from rag_plugin.util.safe_load import checkpoint_types_allowed
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class RetrievalAugmentedConfig(retriever_options.RetrieverTrainingConfig,  # --retriever-loss, --fusion, ...
+class RetrievalAugmentedConfig(hybrid_options.HybridConfig,  # --fusion, ...
                                reindex_options.ReindexConfig):  # --reindex-every, ...
     data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
                                                     "KILT style: {id, input, output: [{answer, provenance}]}"})
@@ -90,24 +102,12 @@ class RetrievalAugmentedConfig(retriever_options.RetrieverTrainingConfig,  # --r
 DEFAULT_N_DOCS = 5
 
 
-def interpolated(cfg, name: str, default=None):
-    """An option a task config takes from fairseq's by interpolation (``${common_eval.quiet}``, ...); ``default``
-    where there is none to take (a config built without fairseq's around it)."""
-    try:
-        value = getattr(cfg, name, default)
-    except Exception:  # omegaconf: the interpolation's target is not in this config
-        return default
-    return default if isinstance(value, str) and value.startswith("${") else value
-
-
 def trained_n_docs(cfg) -> int:
     """K for a run that did not give --n-docs: the checkpoint's (fairseq-generate/-interactive/-validate with
     --path: a closed-book checkpoint generates closed book), else :data:`DEFAULT_N_DOCS`."""
     path = interpolated(cfg, "checkpoint_path")
     if not path:
         return DEFAULT_N_DOCS
-    from rag_plugin.util.safe_load import checkpoint_types_allowed
-
     try:
         with checkpoint_types_allowed():  # the tensors stay on disk (mmap): only the config is read
             state = torch.load(str(path).split(":")[0], map_location="cpu", weights_only=True, mmap=True)
@@ -140,12 +140,16 @@ class RetrievalAugmentedTask(FairseqTask):
         self._interactive = {"next_id": 0, "dataset": None, "batches": deque()}
         self.collapse = CollapseMonitor()  # warns when retrieval collapses in training
         self._generation_outputs = None
+        #: the models are loaded from a checkpoint to generate or evaluate, not trained (build_model says)
+        self.serving = False
+        #: what build_criterion checks of the model build_model built (its family, query encoder, attention)
+        self.built_model: Optional[pairing.BuiltModel] = None
+        #: --reindex-every: the background re-indexer, made at the first training step
+        self.reindexer: Optional[Reindexer] = None
 
     # ------------------------------------------------------------------ setup
     @classmethod
     def setup_task(cls, cfg: RetrievalAugmentedConfig, **kwargs):
-        from rag_plugin.retrieval.knowledge import KnowledgeSource
-
         if not cfg.knowledge:
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
@@ -158,7 +162,7 @@ class RetrievalAugmentedTask(FairseqTask):
         if cfg.n_docs > len(knowledge):
             raise UserError(f"--n-docs {cfg.n_docs} is larger than the knowledge source ({len(knowledge)} passages)",
                             path=cfg.knowledge, fix=f"use --n-docs {len(knowledge)} or fewer")
-        retriever_options.check_options(cfg, len(knowledge))
+        hybrid_options.check_options(cfg, len(knowledge))
         tokenizer = knowledge.load_generator_tokenizer()
         dictionary = Dictionary.load(str(Path(tokenizer.dict_path)))
         if len(dictionary) != len(tokenizer):
@@ -190,26 +194,24 @@ class RetrievalAugmentedTask(FairseqTask):
         if self.cfg.retriever == "bm25":
             return self.bm25
         if self._retriever is None:
-            from rag_plugin.retrieval.collective import job_searcher
-            from rag_plugin.retrieval.retriever import DenseRetriever
-
             searcher = job_searcher(self.knowledge, str(self.cfg.shard_placement), log=logger.info)
             self._retriever = DenseRetriever(self.knowledge, encoder=self.text_encoder, searcher=searcher)
             if self.cfg.retriever == "hybrid":
-                self._retriever = retriever_options.hybrid_retriever(self.cfg, self._retriever, self.bm25)
+                self._retriever = hybrid_options.hybrid_retriever(self.cfg, self._retriever, self.bm25)
         return self._retriever
 
-    def reopen_knowledge(self, version: Optional[int] = None) -> int:
-        """Open the knowledge source's current version (or ``version``) again (``rag-update-knowledge`` made a newer
-        one); the retriever and the models' retrieval contexts made after this use it. Returns the version now open."""
+    def reopen_knowledge(self, version: Optional[int] = None, models=()) -> int:
+        """Open the knowledge source's current version (or ``version``) again (``rag-update-knowledge`` or a re-index
+        made a newer one): the retriever, and each of ``models`` (``use_retrieval``), read it from now on. Returns the
+        version now open."""
         self.knowledge, self._retriever, self._bm25 = self.knowledge.reopened(version), None, None
+        for model in models:
+            model.use_retrieval(self.retrieval_context(model.cfg))
         return self.knowledge.version
 
     @property
     def bm25(self):
         if self._bm25 is None:
-            from rag_plugin.retrieval.retriever import BM25Retriever
-
             self._bm25 = BM25Retriever(self.knowledge.passages)
         return self._bm25
 
@@ -230,11 +232,11 @@ class RetrievalAugmentedTask(FairseqTask):
                     "count": len(self.knowledge),
                     "input_format": self.input_format.name,
                     "tokenizer": self.knowledge.passages.tokenizer_identity or None,
-                    "retriever": retriever_options.retriever_name(self.cfg)}
+                    "retriever": hybrid_options.retriever_name(self.cfg)}
         return RetrievalContext(n_docs=self.cfg.n_docs, input_format=self.input_format, retriever=self.retriever,
                                 doc_score_scale=float(scale), identity=identity, knowledge=self.knowledge,
                                 passage_tokenizer=PassageTokenizer(self.text_encoder) if self.text_encoder else None,
-                                serving=getattr(self, "_serving", False),
+                                serving=self.serving,
                                 checkpoint=interpolated(self.cfg, "checkpoint_path"))
 
     # ------------------------------------------------------------------ data
@@ -268,9 +270,11 @@ class RetrievalAugmentedTask(FairseqTask):
             self._rows_by_id = rows_by_passage_id(self.knowledge.passages)
         return gold_rows(provenance, self._rows_by_id)
 
-    def build_dataset(self, questions, targets=None, record_ids=None, gold_rows=None) -> RetrievalQADataset:
+    def build_dataset(self, questions, targets=None, record_ids=None, gold_rows=None,
+                      candidates: Optional[int] = None) -> RetrievalQADataset:
         """Pre-tokenize questions (query encoder + generator) and targets once, in the input format
-        of the knowledge source (:mod:`rag_plugin.core.input_format`)."""
+        of the knowledge source (:mod:`rag_plugin.core.input_format`). ``candidates``: the BM25 rows each question
+        holds (--retriever bm25; default --n-docs; hybrid: the fused lists' own length)."""
         fmt = self.input_format
         q_enc = None
         if self.text_encoder is not None:
@@ -280,13 +284,13 @@ class RetrievalAugmentedTask(FairseqTask):
             decoded = [self.text_encoder.tokenizer.decode(ids, skip_special_tokens=True) for ids in q_enc]
         q_gen = self.tokenizer.encode_batch([fmt.question_string(q, d) for q, d in zip(questions, decoded)])
         tgt = None
-        layout = target_layout(str(getattr(self.cfg, "target_format", "plugin")), fmt, self.dictionary.bos(),
+        layout = target_layout(str(self.cfg.target_format), fmt, self.dictionary.bos(),
                                self.dictionary.eos())
         if targets is not None:
             tgt = [layout.prefix + t for t in self.tokenizer.encode_batch(targets)]
         fixed_rows = fixed_scores = None
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
-            found = self.bm25.search(questions, self.cfg.n_docs)
+            found = self.bm25.search(questions, candidates or self.cfg.n_docs)
             fixed_rows, fixed_scores = found.rows, found.scores
         elif self.cfg.n_docs > 0 and self.cfg.retriever == "hybrid":  # the BM25 candidates, fused in the model
             fixed_rows, fixed_scores = self.retriever.bm25_candidates(questions)
@@ -332,11 +336,11 @@ class RetrievalAugmentedTask(FairseqTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
-        if self.cfg.reindex_every:  # re-embed in the background, switch when done (rag_plugin/training/reindex.py)
-            from rag_plugin.training.reindex import reindexer
-
-            reindexer(self, model).step(self, model, update_num)
-        if hasattr(criterion, "set_update"):  # --retriever-loss-start
+        if self.cfg.reindex_every:  # re-embed in the background, switch when done (rag_plugin/reindexing/)
+            if self.reindexer is None:
+                self.reindexer = Reindexer.for_task(self, model)
+            self.reindexer.step(self, model, update_num)
+        if isinstance(criterion, AddsRetrieverLoss):  # --retriever-loss-start
             criterion.set_update(update_num)
         loss, sample_size, stats = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         if not ignore_grad:
@@ -356,35 +360,34 @@ class RetrievalAugmentedTask(FairseqTask):
 
     # ------------------------------------------------------------------ model
     def build_model(self, cfg, from_checkpoint=False):
-        from fairseq import models
-
-        self._serving = bool(from_checkpoint)  # the model's retrieval context says so (see retrieval_context)
-        model = models.build_model(cfg, self, from_checkpoint)
-        self.model_variant = getattr(model, "variant", None)  # token, sequence or fid (build_criterion checks it)
-        retriever_options.check_model(self.cfg, model)
+        self.serving = bool(from_checkpoint)  # the model's retrieval context says so (see retrieval_context)
+        model = fairseq_models.build_model(cfg, self, from_checkpoint)
+        self.built_model = pairing.BuiltModel.of(model)
         self.max_target = model.max_decoder_positions()
         for split, dataset in self.datasets.items():
             self._set_max_target(dataset, split)
         return model
 
     def build_criterion(self, cfg, from_checkpoint=False):
-        from rag_plugin.models.fid import refuse_criterion  # FiD trains with cross-entropy, RAG with marginal_nll
-
         criterion = super().build_criterion(cfg, from_checkpoint)
-        criterion = refuse_criterion(getattr(self, "model_variant", None), criterion)
-        retriever_options.check_criterion(self.cfg, criterion)  # --retriever-loss: never silently ignored
+        pairing.check_family(self.built_model, criterion)  # FiD trains with cross-entropy, RAG with marginal_nll
+        pairing.check_retriever_loss(self.cfg, self.built_model, criterion)
         return criterion
 
     # ------------------------------------------------------------------ generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        from rag_plugin.generation.dispatch import build_generator
-
+        """RAG-Token's beam search, RAG-Sequence's per-document beams or FiD's, as the model is
+        (:mod:`rag_plugin.generation.dispatch`); each searches with :meth:`build_search`."""
         return build_generator(self, models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
 
-    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        from rag_plugin.generation.adapters import retrieval_of
+    def build_search(self, models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
+        """fairseq's own sequence generator over ``models`` (beam search, sampling, prefixes, its options): what the
+        plugin's generators search with, over the adapters that present a RAG or FiD model to it."""
+        return super().build_generator(models, args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                                       prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
 
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if "id" not in sample:  # fairseq-interactive keeps only src_tokens: rebuild the retrieval inputs
             sample = self._interactive_sample(sample)
         with torch.no_grad():
@@ -399,8 +402,6 @@ class RetrievalAugmentedTask(FairseqTask):
     def generation_outputs(self):
         """Where generation writes: Z lines, --provenance-out / --doc-posterior-out files, the progress line."""
         if self._generation_outputs is None:
-            from rag_plugin.generation.outputs import GenerationOutputs
-
             self._generation_outputs = GenerationOutputs(self)
         return self._generation_outputs
 
@@ -445,8 +446,6 @@ class RetrievalAugmentedTask(FairseqTask):
 
     def build_bpe(self, args):
         """Pieces <-> text with the knowledge source's tokenizer (see :mod:`rag_plugin.generation.piece_codec`)."""
-        from rag_plugin.generation.piece_codec import PieceCodec
-
         return PieceCodec.for_post_process(self.tokenizer, self.fairseq_option("post_process"))
 
     def build_tokenizer(self, args):

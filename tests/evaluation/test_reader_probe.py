@@ -124,7 +124,6 @@ def test_probe_reads_each_condition_as_defined_and_averages_it(tiny_world, monke
     assert len(data) == 8 and data.skipped == 0  # the limit is reached before the record without a gold passage
     everything = reader_probe.probe_questions(records, rows_by_passage_id(rag.task.knowledge.passages))
     assert len(everything) == 10 and everything.skipped == 1
-    reader_probe.retrieve_enough(rag, data, 3)
     reads = []
     real = reader_probe.read_scores
 

@@ -10,9 +10,10 @@ with the version it has open (the stale index).
 
 Each step every rank reads ``CURRENT``; the ranks agree (an all-reduce MIN over a gloo group, only when
 torch.distributed is initialised) on the newest version every one of them sees and whether a re-index is still
-running anywhere; a newer version is opened by every rank at that same step and the model's retriever follows
-(:func:`switch_model_retriever`). A re-index that fails is one warning line naming its log; training goes on,
-and the next one tries again. At exit a running re-index is stopped (its partial version stays partial).
+running anywhere; a newer version is opened by every rank at that same step, and the task hands the model its
+retrieval of it (``task.reopen_knowledge``, ``RagModel.use_retrieval``). A re-index that fails is one warning line
+naming its log; training goes on, and the next one tries again. At exit a running re-index is stopped (its partial
+version stays partial).
 
 That switch comes at whatever update the re-index lands, so a faster or slower machine trains on other versions
 at other steps. ``--reindex-switch-after M`` makes it reproducible: the re-index started at update u is switched
@@ -38,9 +39,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
+import torch.distributed as dist
+
+import rag_plugin
 from rag_plugin.indexing.reembed import CHUNK_SIZE, REINDEX_DIR, chunk_dir, save_tower_state
+from rag_plugin.indexing.update import remove_old_versions
 from rag_plugin.retrieval import versions
-from rag_plugin.util.devices import current_cuda_device, model_device
+from rag_plugin.retrieval.encoders.weights import state_dict_sha256
+from rag_plugin.util.devices import current_cuda_device, model_device, resolve_device
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -51,19 +58,9 @@ STOP_SECONDS = 30
 
 def unwrapped(model):
     """The model inside fairseq's / torch's distributed wrappers."""
-    import torch
-
     while isinstance(getattr(model, "module", None), torch.nn.Module):
         model = model.module
     return model
-
-
-def switch_model_retriever(task, model) -> None:
-    """After ``task.reopen_knowledge()``: the model retrieves from the version the task has open now."""
-    m = unwrapped(model)
-    context = task.retrieval_context(m.cfg)
-    m.context, m.retriever = context, context.retriever
-    m.knowledge_identity = dict(context.identity) or None
 
 
 def check_options(task, model) -> None:
@@ -99,20 +96,10 @@ def switch_after(cfg) -> int:
 
 def _check_device(cfg) -> None:
     """``--reindex-device``: cpu, cuda or cuda:N, where the machine has it."""
-    from rag_plugin.util.devices import resolve_device
-
     device = str(getattr(cfg, "reindex_device", "cpu") or "cpu")
     if device.strip().lower() == "auto":
         raise UserError("--reindex-device auto: say where the re-index runs", fix="use cpu, cuda or cuda:N")
     resolve_device(device, "--reindex-device")
-
-
-def reindexer(task, model) -> "Reindexer":
-    """The task's :class:`Reindexer` (made, and the options checked, at the first training step)."""
-    if getattr(task, "_reindexer", None) is None:
-        check_options(task, model)
-        task._reindexer = Reindexer(Path(task.knowledge.root), task.cfg)
-    return task._reindexer
 
 
 class Reindexer:
@@ -121,8 +108,6 @@ class Reindexer:
     chunk_size = CHUNK_SIZE  # passages per embedding chunk (tests make it small)
 
     def __init__(self, root: Path, cfg, log: Callable[[str], None] = logger.info):
-        import torch.distributed as dist
-
         self.root, self.cfg, self.log = Path(root), cfg, log
         self.work = self.root / REINDEX_DIR
         self.rank, self.world, self.group = 0, 1, None
@@ -136,6 +121,13 @@ class Reindexer:
         self.failed = False  # this rank's process of the last re-index exited with an error
         self._libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
         atexit.register(self.close)
+
+    @classmethod
+    def for_task(cls, task, model) -> "Reindexer":
+        """The re-indexer of ``task``'s knowledge source, the options checked (the task makes it at its first training
+        step)."""
+        check_options(task, model)
+        return cls(Path(task.knowledge.root), task.cfg)
 
     # ------------------------------------------------------------------ each step
     def step(self, task, model, update_num: int) -> None:
@@ -168,9 +160,6 @@ class Reindexer:
         """(the smallest version every rank sees, whether any rank's re-index runs): one all-reduce."""
         if self.group is None:
             return seen, running
-        import torch
-        import torch.distributed as dist
-
         both = torch.tensor([seen, -int(running)], dtype=torch.long)
         dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.group)
         return int(both[0]), bool(-int(both[1]))
@@ -203,8 +192,7 @@ class Reindexer:
 
     def _switch(self, task, model, version: int, update_num: int) -> None:
         old = task.knowledge.version
-        task.reopen_knowledge(version)
-        switch_model_retriever(task, model)
+        task.reopen_knowledge(version, models=[unwrapped(model)])
         self.log(f"knowledge version {version} (was {old}) is read from update {update_num} on, by every rank")
         keep = int(getattr(self.cfg, "reindex_keep", 0) or 0)
         if self.rank == 0 and keep > 0:
@@ -213,8 +201,6 @@ class Reindexer:
     def _remove_old_versions(self, keep: int) -> None:
         """--reindex-keep: the versions older than the ``keep`` newest go, unless a process has one open (another
         rank still switching: it goes at the next switch)."""
-        from rag_plugin.indexing.update import remove_old_versions
-
         try:
             with versions.UpdateLock(self.root):
                 remove_old_versions(self.root, keep, self.log)
@@ -223,8 +209,6 @@ class Reindexer:
 
     # ------------------------------------------------------------------ the processes
     def _start(self, task, model, update_num: int) -> None:
-        from rag_plugin.retrieval.encoders.weights import state_dict_sha256
-
         state = unwrapped(model).doc_encoder_state()
         tower = save_tower_state(state, self.work / f"snapshot-rank{self.rank}.safetensors")
         base = task.knowledge.version
@@ -266,8 +250,6 @@ class Reindexer:
         return str(on if on.type == "cuda" else current_cuda_device())
 
     def _env(self) -> dict:
-        import rag_plugin
-
         env = {k: v for k, v in os.environ.items()
                if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
         threads = str(self.cfg.reindex_threads)
