@@ -1,4 +1,4 @@
-"""``--reindex-every`` (rag_plugin/training/reindex.py): on 2 gloo ranks the re-index runs in background processes
+"""``--reindex-every`` (rag_plugin/reindexing/reindexer.py): on 2 gloo ranks the re-index runs in background processes
 and every rank switches to the new version at the same step, even when one rank sees it later; each version
 landed holds the passages embedded by the snapshot it was started from; a failed re-index is one warning and the
 next one succeeds; a trainer killed during a re-index leaves the previous version current and byte-identical and no
@@ -16,16 +16,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+from rag_plugin.reindexing import reindexer as reindex
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
 from rag_plugin.retrieval.knowledge import KnowledgeSource
-from rag_plugin.training import reindex
 from rag_plugin.util.errors import UserError
 from tests.conftest import ROOT, synthetic_passages, write_jsonl
 from tests.indexing.test_reembed import _digest
-from tests.training.reindex_worker import CHUNK, FakeModel, FakeTask, tower_state_at
+from tests.reindexing.reindex_worker import CHUNK, FakeModel, FakeTask, reindexer_of, tower_state_at
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0,max_length=32"
 WORKER = Path(__file__).with_name("reindex_worker.py")
@@ -34,8 +34,8 @@ N = 150
 
 def _build(tmp: Path, n: int = N) -> Path:
     src = write_jsonl(tmp / "p.jsonl", synthetic_passages(n, seed=6))
-    build_knowledge_source(str(tmp / "ks"), BuildSettings(passages=str(src), encoder=SPEC), shard_size=CHUNK,
-                           progress=False, log=lambda m: None)
+    build_knowledge_source(str(tmp / "ks"), BuildSettings(passages=str(src), encoder=SPEC),
+                           BuildOptions(shard_size=CHUNK, progress=False, log=lambda m: None))
     return tmp / "ks"
 
 
@@ -125,13 +125,13 @@ def test_a_failed_reindex_is_one_warning_and_the_next_one_lands(tmp_path, caplog
     model.doc_encoder_state = lambda: {**good(), **stray}  # the first snapshot does not fit the tower
     logs = []
     r = reindex.Reindexer(root, task.cfg, log=logs.append)
-    task._reindexer = r
-    caplog.set_level(logging.WARNING, logger="rag_plugin.training.reindex")
+    task.reindexer = r
+    caplog.set_level(logging.WARNING, logger="rag_plugin.reindexing.reindexer")
     for update in range(1, 3000):
         model.train_to(update)
         if r.started_update > 0:  # the first snapshot is taken
             model.doc_encoder_state = good
-        reindex.reindexer(task, model).step(task, model, update)
+        reindexer_of(task, model).step(task, model, update)
         if task.knowledge.version == 2:
             break
         time.sleep(0.02)
@@ -177,7 +177,7 @@ def test_wait_at_exit_lets_the_running_reindex_land(tmp_path, monkeypatch):
     task.cfg.reindex_wait_at_exit = True
     model = FakeModel(task.knowledge)
     model.train_to(2)
-    r = reindex.reindexer(task, model)
+    r = reindexer_of(task, model)
     r.step(task, model, 2)
     assert r.proc is not None
     r.close()  # what atexit does at the end of training
@@ -194,7 +194,7 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     --reindex-switch-after 1: the trainer waits at update 3 for version 2 and reads it from there."""
     import shutil
 
-    from rag_plugin.models import doc_encoder
+    from rag_plugin.retrieval.encoders import trained_tower
     from tests.tasks.test_training import _args, _run
     from tests.tiny_world import layered_knowledge
 
@@ -219,7 +219,7 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     landed = KnowledgeSource(str(ks))
     assert landed.version == 2 and landed.manifest["reembedded_from"] == "training snapshot at update 2"
     [checkpoint] = (tmp_path / "ck").glob("checkpoint_*_2.pt")
-    state = doc_encoder.doc_encoder_state_from_checkpoint(str(checkpoint))
+    state = trained_tower.doc_encoder_state_from_checkpoint(str(checkpoint))
     assert landed.manifest["document_tower_sha256"] == state_dict_sha256(state)
     old = KnowledgeSource(str(ks), version=1)
     encoder = old.load_encoder()
@@ -240,10 +240,10 @@ def test_reindex_keep_removes_the_versions_no_process_has_open(tmp_path, monkeyp
     holder = KnowledgeSource(str(root))  # version 1 open elsewhere
     logs = []
     r = reindex.Reindexer(root, task.cfg, log=logs.append)
-    task._reindexer = r
+    task.reindexer = r
     for update in range(1, 5000):
         model.train_to(update)
-        reindex.reindexer(task, model).step(task, model, update)
+        reindexer_of(task, model).step(task, model, update)
         if task.knowledge.version == 3:
             break
         time.sleep(0.02)

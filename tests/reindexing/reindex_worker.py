@@ -1,6 +1,6 @@
-"""One rank of a fake training loop with ``--reindex-every`` (tests/training/test_reindex.py): a stand-in task and
+"""One rank of a fake training loop with ``--reindex-every`` (tests/reindexing/test_reindex.py): a stand-in task and
 model whose document tower (a tiny random BERT, the knowledge source's own) moves a known amount each update,
-driving the real :class:`rag_plugin.training.reindex.Reindexer` and its real re-index processes.
+driving the real :class:`rag_plugin.reindexing.reindexer.Reindexer` and its real re-index processes.
 
     python reindex_worker.py KS OUT.json MODE [EVERY [SWITCH_AFTER]]     (RANK/WORLD_SIZE/MASTER_* set: a gloo rank)
 
@@ -21,8 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from rag_plugin.reindexing import reindexer as reindex_module  # noqa: E402
+from rag_plugin.reindexing.reindexer import Reindexer  # noqa: E402
 from rag_plugin.retrieval.knowledge import KnowledgeSource  # noqa: E402
-from rag_plugin.training.reindex import Reindexer, reindexer  # noqa: E402
 
 CHUNK = 32
 STEP = 1e-3
@@ -41,9 +42,12 @@ class FakeTask:
         self.cfg = SimpleNamespace(knowledge=ks_dir, reindex_every=every, reindex_threads=1,
                                    reindex_batch_size=batch_size, reindex_wait_minutes=2.0, n_docs=3, retriever="dense")
         self.knowledge = KnowledgeSource(ks_dir)
+        self.reindexer = None
 
-    def reopen_knowledge(self, version=None):
+    def reopen_knowledge(self, version=None, models=()):
         self.knowledge = self.knowledge.reopened(version)
+        for model in models:
+            model.use_retrieval(self.retrieval_context(model.cfg))
         return self.knowledge.version
 
     def retrieval_context(self, model_cfg):
@@ -59,11 +63,21 @@ class FakeModel(torch.nn.Module):
         self.doc_encoder = ks.load_encoder().passage_tower
         self.retriever = "retriever of version 1"
 
+    def use_retrieval(self, context) -> None:
+        self.retriever = context.retriever
+
     def train_to(self, update: int) -> None:
         self.doc_encoder.load_state_dict(tower_state_at(self.ks, update))
 
     def doc_encoder_state(self) -> dict:
         return {k: v.detach().clone() for k, v in self.doc_encoder.state_dict().items()}
+
+
+def reindexer_of(task: FakeTask, model) -> Reindexer:
+    """As the task's train_step: the re-indexer made at the first step (the module's class: rank 1 patches it)."""
+    if task.reindexer is None:
+        task.reindexer = reindex_module.Reindexer.for_task(task, model)
+    return task.reindexer
 
 
 class LateSeeing(Reindexer):
@@ -93,14 +107,12 @@ def main():
     task = FakeTask(ks_dir, every, batch_size=1 if mode == "kill" else 16)
     task.cfg.reindex_switch_after = switch_after
     if rank == 1:
-        from rag_plugin.training import reindex
-
-        reindex.Reindexer = LateSeeing  # this rank's reindexer sees late
+        reindex_module.Reindexer = LateSeeing  # this rank's reindexer sees late
     model = FakeModel(task.knowledge)
     read, started = [], []
     for update in range(20000):
         model.train_to(update)
-        r = reindexer(task, model)
+        r = reindexer_of(task, model)
         before = r.started_update
         r.step(task, model, update)
         if r.started_update != before:

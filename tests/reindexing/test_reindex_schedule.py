@@ -1,4 +1,5 @@
-"""Where and when the trainer's re-index runs and lands (rag_plugin/training/reindex.py): ``--reindex-device cuda`` is
+"""Where and when the trainer's re-index runs and lands (rag_plugin/reindexing/reindexer.py): ``--reindex-device cuda``
+is
 the rank's own GPU whatever LOCAL_RANK says (fairseq's launcher and SLURM never set it); ``--reindex-switch-after M``
 switches at the start update + M exactly, for a re-index that lands long before and for one the trainer must wait
 for, on two gloo ranks one of which sees the new version late; and the options' one-line errors."""
@@ -9,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from rag_plugin.reindexing import reindexer as reindex
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 from rag_plugin.retrieval.knowledge import KnowledgeSource
-from rag_plugin.training import reindex
 from rag_plugin.util.errors import UserError
-from tests.training.reindex_worker import CHUNK, FakeModel, FakeTask, tower_state_at
-from tests.training.test_reindex import _build, run_two_ranks
+from tests.reindexing.reindex_worker import CHUNK, FakeModel, FakeTask, reindexer_of, tower_state_at
+from tests.reindexing.test_reindex import _build, run_two_ranks
 
 
 @pytest.fixture
@@ -96,12 +97,12 @@ def _train(root: Path, every: int, after: int, until_landed: bool, updates: int,
     task.cfg.reindex_switch_after = after
     model = FakeModel(task.knowledge)
     r = reindex.Reindexer(root, task.cfg, log=logs.append)
-    task._reindexer = r
+    task.reindexer = r
     read = []
     for update in range(1, updates + 1):
         model.train_to(update)
         before = r.started_update
-        reindex.reindexer(task, model).step(task, model, update)
+        reindexer_of(task, model).step(task, model, update)
         read.append(task.knowledge.version)
         if until_landed and r.started_update != before:
             r.proc.wait(300)
