@@ -13,6 +13,7 @@ torchrun, are not run). Each check is first shown to fail on a README of its own
 """
 import ast
 import importlib
+import inspect
 import json
 import re
 import shlex
@@ -285,7 +286,29 @@ def python_problems(text: str, source: str) -> List[str]:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names:
                 if not hasattr(names[node.value.id], node.attr):
                     problems.append(f"{source}:{first}: {node.value.id}.{node.attr} does not exist")
+            elif isinstance(node, ast.Call):
+                problems += [f"{source}:{first}: {name}() takes no {kw}=" for name, kw in unknown_keywords(node, names)]
     return problems
+
+
+def unknown_keywords(call: ast.Call, names: dict) -> List[Tuple[str, str]]:
+    """(function, keyword) of ``call``'s keywords that the function (``Name(...)`` or ``Name.attr(...)`` of an
+    imported name) does not take."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in names:
+        function, label = getattr(names[f.value.id], f.attr, None), f"{f.value.id}.{f.attr}"
+    elif isinstance(f, ast.Name) and f.id in names:
+        function, label = names[f.id], f.id
+    else:
+        return []
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return []
+    taken = {p.name for p in params}
+    return [(label, k.arg) for k in call.keywords if k.arg is not None and k.arg not in taken]
 
 
 # --------------------------------------------------------------------------------------------------- links
@@ -329,6 +352,41 @@ def link_problems(path: Path, root: Path) -> List[str]:
     return problems
 
 
+REPO_DIRS = ("rag_plugin/", "examples/", "tests/", "benchmarks/", "scripts/", "docs/")
+
+
+def path_problems(text: str, source: str, root: Path) -> List[str]:
+    """Repository paths that ``text`` names in backticks (``rag_plugin/optim/lr_scale.py``, globs allowed) and
+    that do not exist."""
+    problems = []
+    for path in dict.fromkeys(re.findall(r"`([^`\s]+)`", text)):
+        path = path.split("::")[0].rstrip("/")
+        if path.startswith(REPO_DIRS) and not list(root.glob(path)):
+            problems.append(f"{source}: `{path}` does not exist")
+    return problems
+
+
+def tree_problems(text: str, source: str, root: Path) -> List[str]:
+    """The package pictures of ``text`` (plain fenced blocks that start with ``rag_plugin/``): every folder and
+    ``.py`` / ``.sh`` file they name exists (a file anywhere under the folder of its line)."""
+    problems = []
+    for first, lines in fenced_blocks(text, ("",)):
+        if not lines or lines[0].strip() != "rag_plugin/":
+            continue
+        folder = None
+        for n, line in enumerate(lines[1:], first + 1):
+            m = re.match(r"^(  )?(\S+/|\S+\.py)\s", line + " ")
+            if m:
+                folder = root / ("rag_plugin/" if m.group(1) else "") / m.group(2)
+                if not folder.exists():
+                    problems.append(f"{source}:{n}: {folder.relative_to(root)} does not exist")
+            names = re.findall(r"\b([\w]+\.(?:py|sh))\b", line)
+            if folder is not None and folder.is_dir():
+                problems += [f"{source}:{n}: {name} is not under {folder.relative_to(root)}"
+                             for name in names if not any(folder.rglob(name))]
+    return problems
+
+
 def doc_pages(root: Path) -> List[Path]:
     return sorted((root / "docs").rglob("*.md"))
 
@@ -353,6 +411,13 @@ def test_console_scripts_in_docs_show_options_they_have():
 
 def test_links_of_readme_and_docs_exist():
     problems = [p for page in [README, *doc_pages(ROOT)] for p in link_problems(page, ROOT)]
+    assert not problems, "\n".join(problems)
+
+
+def test_paths_and_package_pictures_of_readme_and_docs_exist():
+    problems = [p for page in [README, *doc_pages(ROOT)] for p in
+                path_problems(page.read_text(), str(page.relative_to(ROOT)), ROOT)
+                + tree_problems(page.read_text(), str(page.relative_to(ROOT)), ROOT)]
     assert not problems, "\n".join(problems)
 
 
@@ -422,6 +487,8 @@ def test_a_python_block_with_a_name_that_is_gone_fails(tmp_path):
     text = "```python\nfrom rag_plugin.util.errors import UserError\nUserError.no_such_method()\n```\n"
     assert python_problems(text, "R") == ["R:2: UserError.no_such_method does not exist"]
     assert python_problems("```python\nfrom rag_plugin.util.errors import Nope\n```\n", "R")
+    call = "```python\nfrom rag_plugin.util.errors import UserError\nUserError('m', path='p', fixx='f')\n```\n"
+    assert python_problems(call, "R") == ["R:2: UserError() takes no fixx="]
 
 
 def test_a_broken_link_or_anchor_fails(tmp_path):
@@ -433,3 +500,14 @@ def test_a_broken_link_or_anchor_fails(tmp_path):
     (tmp_path / "README.md").write_text(good + "[x](docs/b.md) [y](docs/a.md#not-a-heading)\n")
     problems = link_problems(tmp_path / "README.md", tmp_path)
     assert len(problems) == 2 and "no such file" in problems[0] and "#not-a-heading" in problems[1], problems
+
+
+def test_a_path_or_a_package_picture_that_moved_fails(tmp_path):
+    (tmp_path / "rag_plugin" / "core").mkdir(parents=True)
+    (tmp_path / "rag_plugin" / "core" / "scores.py").write_text("")
+    picture = "```\nrag_plugin/\n  core/        scores.py, marginalization.py\n  training/    reindex.py\n```\n"
+    assert path_problems("`rag_plugin/core/scores.py` `rag_plugin/core/*.py` `KS_DIR/x`", "R", tmp_path) == []
+    assert path_problems("`rag_plugin/training/reindex.py`", "R", tmp_path) == [
+        "R: `rag_plugin/training/reindex.py` does not exist"]
+    assert tree_problems(picture, "R", tmp_path) == ["R:3: marginalization.py is not under rag_plugin/core",
+                                                    "R:4: rag_plugin/training does not exist"]
