@@ -16,8 +16,9 @@ from rag_plugin.util.errors import UserError
 rag_plugin.register()
 
 from rag_plugin.core import marginalization as M  # noqa: E402
-from rag_plugin.models import doc_encoder as doc_side  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
+from rag_plugin.optim import lr_scale  # noqa: E402
+from rag_plugin.retrieval.encoders import trained_tower  # noqa: E402
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 from tests.generation.test_fid_cli import _assert_one_line_error, _run  # noqa: E402
@@ -176,7 +177,7 @@ def test_plain_weights_resolve_the_learning_rate_scale(tiny_world):
     assert set(plain) == set(task.text_encoder.passage_tower.state_dict())
     # the checkpoint's stored weights x scale are the plain weights; a plain tower with them encodes the same
     stored = {k[len("doc_encoder."):]: v for k, v in state.items() if k.startswith("doc_encoder.")}
-    resolved = doc_side.plain_state(stored, 0.1)
+    resolved = lr_scale.plain_state(stored, 0.1)
     assert set(resolved) == set(plain) and all(torch.equal(resolved[k], plain[k]) for k in plain)
     tower = copy.deepcopy(task.text_encoder.passage_tower).eval()
     tower.load_state_dict(plain)
@@ -209,7 +210,7 @@ def test_checkpoint_without_doc_encoder_is_a_one_line_error(tmp_path):
     path = tmp_path / "plain.pt"
     torch.save({"cfg": {"model": {"train_doc_encoder": False}}, "model": {"query_encoder.w": torch.zeros(2)}}, path)
     with pytest.raises(UserError, match="no trained document encoder") as err:
-        doc_side.doc_encoder_state_from_checkpoint(str(path))
+        trained_tower.doc_encoder_state_from_checkpoint(str(path))
     assert "\n" not in str(err.value)
 
 
@@ -334,17 +335,17 @@ def test_fairseq_train_trains_the_doc_encoder(tiny_world, runs):
     assert "| valid |" in log and "'train_doc_encoder': True" in log  # validated with the recomputed scores
     state = _load(ckpt)
     initial = KnowledgeSource(str(tiny_world["ks"])).load_encoder().passage_tower.state_dict()
-    plain = doc_side.doc_encoder_state_from_checkpoint(str(ckpt))
+    plain = trained_tower.doc_encoder_state_from_checkpoint(str(ckpt))
     assert set(plain) == set(initial)
     assert any(not torch.allclose(plain[k], v, rtol=0, atol=1e-6) for k, v in initial.items())  # it learned
     # the checkpoint holds the reparametrised weights (x 0.03 = the plain ones) and the hash of the plain tower
     stored = {k[len("doc_encoder."):]: v for k, v in state["model"].items() if k.startswith("doc_encoder.")}
     assert any(k.endswith(".parametrizations.weight.original") for k in stored)
-    resolved = doc_side.plain_state(stored, 0.03)
+    resolved = lr_scale.plain_state(stored, 0.03)
     assert all(torch.equal(resolved[k], plain[k]) for k in plain)
     assert state["model"]["_extra_state"]["document_tower_sha256"] == state_dict_sha256(plain)
     # the query encoder learned too (its own tower, apart)
-    query = doc_side.plain_state({k[len("query_encoder."):]: v for k, v in state["model"].items()
+    query = lr_scale.plain_state({k[len("query_encoder."):]: v for k, v in state["model"].items()
                                   if k.startswith("query_encoder.")}, 0.03)
     assert any(not torch.allclose(query[k], v, rtol=0, atol=1e-6) for k, v in initial.items())
     assert any(not torch.equal(query[k], plain[k]) for k in plain)
@@ -355,8 +356,8 @@ def test_shared_towers_with_rerank_train_one_tower(tiny_world, runs):
     ckpt = _trained(runs, "shared")
     model = _load(ckpt)["model"]
     assert not any(k.startswith("doc_encoder.") for k in model)
-    plain = doc_side.doc_encoder_state_from_checkpoint(str(ckpt))
-    query = doc_side.plain_state({k[len("query_encoder."):]: v for k, v in model.items()
+    plain = trained_tower.doc_encoder_state_from_checkpoint(str(ckpt))
+    query = lr_scale.plain_state({k[len("query_encoder."):]: v for k, v in model.items()
                                   if k.startswith("query_encoder.")}, 0.03)
     assert set(plain) == set(query) and all(torch.equal(plain[k], query[k]) for k in plain)
 

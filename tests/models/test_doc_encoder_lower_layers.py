@@ -14,6 +14,7 @@ rag_plugin.register()
 
 from rag_plugin.models import doc_encoder as doc_side  # noqa: E402
 from rag_plugin.models.rag import RagConfig  # noqa: E402
+from rag_plugin.retrieval.encoders import trained_tower  # noqa: E402
 from rag_plugin.retrieval.knowledge import KnowledgeSource  # noqa: E402
 from tests.models.test_doc_encoder import (  # noqa: E402
     _batch,
@@ -110,7 +111,7 @@ def test_fairseq_train_trains_the_top_layer_only(world, tmp_path):
     assert "--doc-encoder-train-layers 1: the document encoder's lower 1 layers run once per passage" in log
     ckpt = tmp_path / "ckpt" / "checkpoint_last.pt"
     assert _load(ckpt)["cfg"]["model"]["doc_encoder_train_layers"] == 1
-    plain = doc_side.doc_encoder_state_from_checkpoint(str(ckpt))
+    plain = trained_tower.doc_encoder_state_from_checkpoint(str(ckpt))
     initial = KnowledgeSource(str(world["ks"])).load_encoder().passage_tower.state_dict()
     assert set(plain) == set(initial)
     for k, v in initial.items():

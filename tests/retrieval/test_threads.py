@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from rag_plugin.retrieval import retriever as retriever_module
 from rag_plugin.retrieval import threads
 
 
@@ -61,8 +62,6 @@ def test_the_models_in_step_searches_ask_for_the_budget_of_the_query_device(tiny
     import rag_plugin
 
     rag_plugin.register()
-    from rag_plugin.models import doc_encoder as doc_side
-    from rag_plugin.models import rag as rag_module
     from rag_plugin.models.rag import RagConfig, RagTokenModel
     from tests.models.test_doc_encoder import _batch, _model, _task
 
@@ -72,8 +71,7 @@ def test_the_models_in_step_searches_ask_for_the_budget_of_the_query_device(tiny
         asked.append(torch.device(device))
         return 7
 
-    monkeypatch.setattr(rag_module, "faiss_thread_budget", budget)
-    monkeypatch.setattr(doc_side, "faiss_thread_budget", budget)
+    monkeypatch.setattr(retriever_module, "faiss_thread_budget", budget)  # what the dense retriever asks
     for train_doc_encoder in (False, True):
         task = _task(tiny_world)
         model = (_model(task) if train_doc_encoder else
