@@ -34,6 +34,10 @@ ALLOWED: Dict[str, Tuple[str, str]] = {
     "make test": ("Makefile", "pytest -q tests"),                # this suite
     "pip install -e": ("scripts/bootstrap.sh", '-e ".[test]"'),   # what make's set-up runs
 }
+#: help read beside the shell blocks' for the options the prose names: the demo's flags, torchrun's (scaling-out.md)
+EXTRA_HELP = (("python", "examples/demo/run_demo.py", "--help"), ("torchrun", "--help"))
+#: programs run by their module where no console script of setup.py is theirs
+MODULES = {"torchrun": "torch.distributed.run:main"}
 #: options of rag-train / rag-generate whose values change what fairseq's --help lists
 HELP_CONTEXT = ("--task", "--arch", "--criterion", "--optimizer", "--lr-scheduler")
 #: console scripts whose first positional argument selects a sub-command with options of its own
@@ -200,7 +204,7 @@ def run_helps(calls: List[Help], scripts: Dict[str, str], root: Path) -> Dict[He
         _HELP_CACHE[str(root), call] = proc.returncode, proc.stdout + proc.stderr
     batch = [c for c in todo if c[0] != "python"]
     if batch:
-        jobs = [[c[0], *scripts[c[0]].split(":"), list(c[1:])] for c in batch]
+        jobs = [[c[0], *{**MODULES, **scripts}[c[0]].split(":"), list(c[1:])] for c in batch]
         proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(jobs), cwd=root, env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -311,6 +315,25 @@ def unknown_keywords(call: ast.Call, names: dict) -> List[Tuple[str, str]]:
     return [(label, k.arg) for k in call.keywords if k.arg is not None and k.arg not in taken]
 
 
+def prose_options(text: str) -> List[str]:
+    """The options ``text`` names in backticks outside its code blocks (``--reindex-every N``, ``--fusion-scale``)."""
+    prose = re.sub(r"^\s*```.*?^\s*```", "", text, flags=re.S | re.M)
+    spans = re.findall(r"`([^`\n]+)`", prose)
+    return list(dict.fromkeys(o for span in spans for o in re.findall(r"(?<![\w-])(--[a-z0-9][\w-]*)", span)))
+
+
+def prose_option_problems(pages: Dict[str, str], root: Path) -> List[str]:
+    """Options the prose of ``pages`` (name -> text) names that no help lists: the help of every command of their
+    shell blocks, and :data:`EXTRA_HELP`'s."""
+    scripts = console_scripts(root / "setup.py")
+    calls = [call for name, text in pages.items() for c in shell_commands(text, name)
+             if (call := help_call(c.words, scripts, root)) is not None
+             and (call[0] != "python" or (root / call[1]).is_file())]
+    helps = "\n".join(out for rc, out in run_helps([*calls, *EXTRA_HELP], scripts, root).values())
+    return [f"{name}: {option} is named, but no command's --help lists it" for name, text in pages.items()
+            for option in prose_options(text) if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", helps)]
+
+
 # --------------------------------------------------------------------------------------------------- links
 
 
@@ -406,6 +429,12 @@ def test_console_scripts_in_docs_show_options_they_have():
     commands = [c for page in doc_pages(ROOT)
                 for c in shell_commands(page.read_text(), str(page.relative_to(ROOT)))]
     problems = command_problems(commands, ROOT, strict=False)
+    assert not problems, "\n".join(problems)
+
+
+def test_options_named_in_prose_exist():
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in [README, *doc_pages(ROOT)]}
+    problems = prose_option_problems(pages, ROOT)
     assert not problems, "\n".join(problems)
 
 
@@ -511,3 +540,11 @@ def test_a_path_or_a_package_picture_that_moved_fails(tmp_path):
         "R: `rag_plugin/training/reindex.py` does not exist"]
     assert tree_problems(picture, "R", tmp_path) == ["R:3: marginalization.py is not under rag_plugin/core",
                                                     "R:4: rag_plugin/training does not exist"]
+
+
+def test_an_option_in_prose_that_no_command_has_fails(tree):
+    (tree / "examples").symlink_to(ROOT / "examples")
+    page = "```bash\nrag-search --knowledge KS -k 3\n```\n`--bm25` and `--nprobe 64`, `--updates` (the demo's)\n"
+    assert prose_option_problems({"R": page}, tree) == []
+    problems = prose_option_problems({"R": page + "and `--reindex-evry 500`\n"}, tree)
+    assert problems == ["R: --reindex-evry is named, but no command's --help lists it"]
