@@ -98,8 +98,8 @@ def measure(mode: str, layers: int, questions: int, n_docs: int, rerank: int, ch
     store = Store(_whole_words(encoder.tokenizer))
     top = max(n_docs, rerank)
     rows = np.random.default_rng(1).permutation(PASSAGES)[:questions * top].reshape(questions, top)
-    retriever = types.SimpleNamespace(store=store, search_vectors=lambda q, k, **kw: types.SimpleNamespace(
-        rows=rows[:q.shape[0], :k]))
+    retriever = types.SimpleNamespace(store=store, retrieve=lambda q, k, scale, candidates=None: (
+        None, torch.from_numpy(rows[:q.shape[0], :k])))
     model = types.SimpleNamespace(
         cfg=types.SimpleNamespace(rerank_top=rerank, doc_encoder_chunk=chunk, doc_encoder_train_layers=0),
         doc_encoder=tower, retriever=retriever, doc_score_scale=1.0, training=True,

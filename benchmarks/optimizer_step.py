@@ -45,14 +45,14 @@ def rag_parameters(size: str) -> list:
     """Fresh parameters with random gradients, shaped as the generator + question encoder of ``size``."""
     from fairseq.data import Dictionary
 
-    from rag_plugin.models.generator import build_bart
+    from rag_plugin.models.generator import GeneratorShape, build_bart
     from rag_plugin.retrieval.encoders import BertConfig, BiEncoderTower
 
     gen_size, over, vocab, (layers, hidden, ffn, heads, qvocab) = SIZES[size]
     dictionary = Dictionary()
     for i in range(vocab - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
-    generator = build_bart(gen_size, dictionary, 1024, 1024, 0.1, 0.1, 0.1, **over)
+    generator = build_bart(GeneratorShape(gen_size, 1024, 1024, 0.1, 0.1, 0.1, **over), dictionary)
     question = BiEncoderTower(BertConfig(vocab_size=qvocab, hidden_size=hidden, num_layers=layers,
                                          num_heads=heads, intermediate_size=ffn))
     params = [p for m in (generator, question) for p in m.parameters()]

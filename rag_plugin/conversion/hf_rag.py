@@ -141,14 +141,12 @@ def build_plugin_model(folder: Path, source: RagFolder, query_tower: torch.nn.Mo
     from fairseq.data import Dictionary
 
     from rag_plugin.models.context import RetrievalContext
-    from rag_plugin.models.generator import build_bart
+    from rag_plugin.models.generator import GeneratorShape, build_bart
     from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
 
     dictionary = Dictionary.load(str(folder / "dict.txt"))
     dims, c = source.dims, model_cfg
-    generator = build_bart(c.generator_size, dictionary, c.max_source_positions, c.max_target_positions, c.dropout,
-                           c.attention_dropout, c.activation_dropout, c.generator_embed_dim, c.generator_layers,
-                           c.generator_heads, c.generator_ffn_dim)
+    generator = build_bart(GeneratorShape.of(c), dictionary)
     state = hf_bart.fairseq_state(source.generator_weights, dims["layers"], c.max_source_positions,
                                   c.max_target_positions, str(source.path))
     hf_bart.load_into(generator, state, str(source.path))

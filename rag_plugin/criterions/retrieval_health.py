@@ -21,6 +21,7 @@ import logging
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,4 @@ class CollapseMonitor:
 
 def _first_rank() -> bool:
     """Not a distributed job, or its rank 0."""
-    import torch.distributed as dist
-
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

@@ -34,8 +34,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+from fairseq import utils
 
 from rag_plugin.core import marginalization as M
+from rag_plugin.generation.fid_attention import teacher_forced
+from rag_plugin.models.fid import fuse_encodings
+from rag_plugin.util.devices import model_device
 from rag_plugin.util.errors import UserError
 
 CONDITIONS = ("gold", "gold+random", "gold+retrieved", "random")
@@ -111,9 +115,6 @@ def random_others(gold: Sequence[int], n_passages: int, count: int, rng: random.
 
 def read_scores(model, src_tokens, prev, target, rows: torch.Tensor, pad: int):
     """(answer NLL [B] in nats, gold-independent reader weights [B, K]) of the answers read with ``rows`` [B, K]."""
-    from rag_plugin.generation.fid_attention import teacher_forced
-    from rag_plugin.models.fid import fuse_encodings
-
     k = rows.size(1)
     src, lengths = model.generator_inputs(src_tokens, rows)
     encoder_out = model.generator.encoder(src, src_lengths=lengths)
@@ -171,10 +172,6 @@ def probe(rag, data: ProbeQuestions, k: int, batch_size: int = 16, seed: int = 0
           progress: Optional[Callable[[int], None]] = None) -> ProbeResult:
     """Run the four conditions over ``data`` with the loaded model ``rag`` (:class:`rag_plugin.hub.RAG`).
 """
-    from fairseq import utils
-
-    from rag_plugin.util.devices import model_device
-
     check(rag, data, k)
     task, model = rag.task, rag.model
     device = model_device(model)

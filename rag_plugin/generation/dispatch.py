@@ -4,24 +4,22 @@ its beam search; RAG-Sequence -> per-document beams with Thorough or Fast decodi
 honour are one-line errors here, before anything is decoded."""
 import logging
 
+from rag_plugin.generation.fid import build_fid_generator
 from rag_plugin.generation.options import refuse_unsupported
+from rag_plugin.generation.rag_sequence import RagSequenceGenerator
+from rag_plugin.generation.rag_token import RagTokenGenerator
+from rag_plugin.generation.scorer import RagScorer
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
 def build_generator(task, models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
-    from rag_plugin.generation.rag_sequence import RagSequenceGenerator
-    from rag_plugin.generation.rag_token import RagTokenGenerator
-    from rag_plugin.generation.scorer import RagScorer
-
     if len(models) != 1:
         raise UserError("RAG decoding takes one checkpoint, not an ensemble", fix="pass a single --path")
     model = models[0]
     refuse_unsupported(args)
     if getattr(model, "variant", None) == "fid":  # Fusion-in-Decoder: fairseq's beam search (generation/fid.py)
-        from rag_plugin.generation.fid import build_fid_generator
-
         return build_fid_generator(task, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
     score_reference = getattr(args, "score_reference", False)
     _refuse_doc_posterior(task.cfg, model, score_reference)

@@ -5,7 +5,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from rag_plugin.generation import provenance
 from rag_plugin.generation.fid import attention_of
+from rag_plugin.generation.progress import GenerationProgress
+from rag_plugin.generation.provenance import JsonlOutput
 
 
 class GenerationOutputs:
@@ -18,8 +21,6 @@ class GenerationOutputs:
 
     def progress(self):
         if self._progress is None:
-            from rag_plugin.generation.progress import GenerationProgress
-
             self._progress = GenerationProgress(self.task.cfg.progress_interval, self.generation_size())
         return self._progress
 
@@ -33,8 +34,6 @@ class GenerationOutputs:
 
     def write_provenance(self, model, generator, sample, hypos, rows, doc_lp) -> None:
         """Z lines into fairseq's output (none with --quiet); --provenance-out / --doc-posterior-out files."""
-        from rag_plugin.generation import provenance
-
         task, cfg = self.task, self.task.cfg
         ids = sample["id"].tolist()
         store = task.knowledge.passages
@@ -50,8 +49,6 @@ class GenerationOutputs:
                 model, sample, hypos, rows, doc_lp, task.tokenizer, store))
 
     def _jsonl(self, path: str, expected: Optional[int]):
-        from rag_plugin.generation.provenance import JsonlOutput
-
         key = str(Path(path).resolve())
         if key not in self._jsonl_outputs:
             self._jsonl_outputs[key] = JsonlOutput(path, expected)

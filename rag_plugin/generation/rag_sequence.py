@@ -24,6 +24,7 @@ Scores are normalised by ``len(y) ** lenpen`` like fairseq's (``--unnormalized``
 from typing import Dict, List, Tuple
 
 import torch
+from fairseq.search import BeamSearch, PrefixConstrainedBeamSearch
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, score_candidates
@@ -113,8 +114,6 @@ class RagSequenceGenerator(RagGeneratorBase):
         (``--diverse-beam-groups``), diverse siblings (``--diversity-rate``), ``--match-source-len``
         (sets the forced end of sentence's log-probability to 0), lexical constraints, or any other
         strategy: for those, False."""
-        from fairseq.search import BeamSearch, PrefixConstrainedBeamSearch
-
         s = self.search
         return (type(getattr(s, "search", None)) in (BeamSearch, PrefixConstrainedBeamSearch)
                 and getattr(s, "lm_model", None) is None and not getattr(s, "match_source_len", False)

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from fairseq.models.bart.model import BARTModel, bart_large_architecture
+from fairseq.modules import MultiheadAttention
 
+from rag_plugin.models.dropout import use_fast_dropout
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.safe_load import safe_torch_load
 
@@ -25,14 +28,50 @@ GENERATOR_SIZES = {
 }
 
 
-def build_bart(size: str, dictionary, max_source_positions: int, max_target_positions: int,
-               dropout: float, attention_dropout: float, activation_dropout: float, embed_dim: int = 0,
-               layers: int = 0, heads: int = 0, ffn_dim: int = 0, positions: str = "learned",
-               init: str = "bart", fast_dropout: bool = True):
-    """A fairseq ``BARTModel`` of the given size over ``dictionary`` (shared embeddings).
+@dataclass(frozen=True)
+class _Dictionaries:
+    """What fairseq's ``BARTModel.build_model`` reads of a task: its dictionaries."""
 
-    Non-zero ``embed_dim``/``layers`` (encoder and decoder each)/``heads``/``ffn_dim`` override
-    the size preset. ``positions="sinusoidal"`` replaces BART's learned position embeddings by
+    source_dictionary: object
+    target_dictionary: object
+
+
+@dataclass(frozen=True)
+class GeneratorShape:
+    """How a generator is built: its size preset and overrides, lengths, dropout, positions, initialisation."""
+
+    size: str = "tiny"
+    max_source_positions: int = 256
+    max_target_positions: int = 128
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    #: non-zero: override the size preset's model dimension, layers (encoder and decoder each), heads, feed-forward
+    embed_dim: int = 0
+    layers: int = 0
+    heads: int = 0
+    ffn_dim: int = 0
+    positions: str = "learned"
+    init: str = "bart"
+    fast_dropout: bool = True
+
+    @classmethod
+    def of(cls, cfg, init: str = "bart") -> "GeneratorShape":
+        """The shape a model config (``RagConfig``: --generator-size, --generator-embed-dim, ...) asks for."""
+        return cls(size=str(cfg.generator_size), max_source_positions=int(cfg.max_source_positions),
+                   max_target_positions=int(cfg.max_target_positions), dropout=float(cfg.dropout),
+                   attention_dropout=float(cfg.attention_dropout), activation_dropout=float(cfg.activation_dropout),
+                   embed_dim=int(cfg.generator_embed_dim), layers=int(cfg.generator_layers),
+                   heads=int(cfg.generator_heads), ffn_dim=int(cfg.generator_ffn_dim),
+                   positions=str(getattr(cfg, "generator_positions", "learned")), init=init,
+                   fast_dropout=not bool(getattr(cfg, "generator_torch_dropout", False)))
+
+
+def build_bart(shape: GeneratorShape, dictionary):
+    """A fairseq ``BARTModel`` of ``shape`` over ``dictionary`` (shared embeddings).
+
+    Non-zero ``embed_dim``/``layers`` (encoder and decoder each)/``heads``/``ffn_dim`` of the shape override
+    its size preset. ``positions="sinusoidal"`` replaces BART's learned position embeddings by
     fixed sinusoids (relative offsets are a linear map of them). Not an improvement as it stands:
     BART does not scale token embeddings by sqrt(d), so the unit-amplitude sinusoids outweigh the
     N(0, d^-1/2) token embeddings about tenfold; in the demo's denoising pretraining the loss
@@ -42,41 +81,36 @@ def build_bart(size: str, dictionary, max_source_positions: int, max_target_posi
     :func:`xavier_init`); ``"bart"`` keeps BART's N(0, 0.02). ``fast_dropout`` swaps fairseq's dropout
     modules for :class:`rag_plugin.models.dropout.FastDropout` (same dropout, a cheaper mask on CPU).
     """
-    from fairseq.models.bart.model import BARTModel, bart_large_architecture
-
-    if size not in GENERATOR_SIZES:
-        raise UserError(f"unknown generator size {size!r}", fix=f"use one of {sorted(GENERATOR_SIZES)}")
-    for option, p in (("--dropout", dropout), ("--attention-dropout", attention_dropout),
-                      ("--activation-dropout", activation_dropout)):
+    if shape.size not in GENERATOR_SIZES:
+        raise UserError(f"unknown generator size {shape.size!r}", fix=f"use one of {sorted(GENERATOR_SIZES)}")
+    for option, p in (("--dropout", shape.dropout), ("--attention-dropout", shape.attention_dropout),
+                      ("--activation-dropout", shape.activation_dropout)):
         if not 0.0 <= p < 1.0:  # also catches NaN
             raise UserError(f"{option} {p} is not a dropout probability", fix=f"give {option} a value in [0, 1)")
-    dims = dict(GENERATOR_SIZES[size])
-    for keys, value in ((("encoder_embed_dim",), embed_dim), (("encoder_layers", "decoder_layers"), layers),
-                        (("encoder_attention_heads", "decoder_attention_heads"), heads),
-                        (("encoder_ffn_embed_dim",), ffn_dim)):
+    dims = dict(GENERATOR_SIZES[shape.size])
+    for keys, value in ((("encoder_embed_dim",), shape.embed_dim), (("encoder_layers", "decoder_layers"), shape.layers),
+                        (("encoder_attention_heads", "decoder_attention_heads"), shape.heads),
+                        (("encoder_ffn_embed_dim",), shape.ffn_dim)):
         for key in keys:
             if value:
                 dims[key] = value
     if dims["encoder_embed_dim"] % dims["encoder_attention_heads"]:
         raise UserError(f"generator dimension {dims['encoder_embed_dim']} is not divisible by "
                         f"{dims['encoder_attention_heads']} heads", fix="change --generator-heads")
-    args = argparse.Namespace(**dims, max_source_positions=max_source_positions,
-                              max_target_positions=max_target_positions, dropout=dropout,
-                              attention_dropout=attention_dropout, activation_dropout=activation_dropout)
-    if positions not in ("learned", "sinusoidal"):
-        raise UserError(f"unknown generator positions {positions!r}", fix="use 'learned' or 'sinusoidal'")
-    args.encoder_learned_pos = args.decoder_learned_pos = positions == "learned"
+    args = argparse.Namespace(**dims, max_source_positions=shape.max_source_positions,
+                              max_target_positions=shape.max_target_positions, dropout=shape.dropout,
+                              attention_dropout=shape.attention_dropout, activation_dropout=shape.activation_dropout)
+    if shape.positions not in ("learned", "sinusoidal"):
+        raise UserError(f"unknown generator positions {shape.positions!r}", fix="use 'learned' or 'sinusoidal'")
+    args.encoder_learned_pos = args.decoder_learned_pos = shape.positions == "learned"
     bart_large_architecture(args)  # fills every other BART default
-    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    model = BARTModel.build_model(args, task)
-    if fast_dropout:
-        from rag_plugin.models.dropout import use_fast_dropout
-
+    model = BARTModel.build_model(args, _Dictionaries(dictionary, dictionary))
+    if shape.fast_dropout:
         use_fast_dropout(model)
-    if init == "xavier":
+    if shape.init == "xavier":
         xavier_init(model)
-    elif init != "bart":
-        raise UserError(f"unknown generator initialisation {init!r}", fix="use 'bart' or 'xavier'")
+    elif shape.init != "bart":
+        raise UserError(f"unknown generator initialisation {shape.init!r}", fix="use 'bart' or 'xavier'")
     return model
 
 
@@ -90,9 +124,6 @@ def xavier_init(model) -> None:
     tiny generator, Adam 1e-3): with BART's initialisation the loss is still at the unigram
     level (9.0 bits) after 400 updates; with this one it is 0.35 bits after 250.
     """
-    import torch
-    from fairseq.modules import MultiheadAttention
-
     dim = model.encoder.embed_tokens.embedding_dim
     for module in model.modules():
         if isinstance(module, MultiheadAttention):

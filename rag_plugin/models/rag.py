@@ -28,7 +28,7 @@ from omegaconf import II
 
 from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.context import RetrievalContext
-from rag_plugin.models.generator import build_bart, count_parameters, load_generator_weights
+from rag_plugin.models.generator import GeneratorShape, build_bart, count_parameters, load_generator_weights
 from rag_plugin.optim.lr_scale import (
     has_scaled_keys,
     plain_module_state,
@@ -223,11 +223,7 @@ class RagModel(BaseFairseqModel):
         cfg = _as_config(cfg, cls.config_class)
         doc_side.check_options(cfg, task.cfg, cls.variant, getattr(task, "knowledge", None))
         dictionary = task.dictionary
-        generator = build_bart(cfg.generator_size, dictionary, cfg.max_source_positions, cfg.max_target_positions,
-                               cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.generator_embed_dim,
-                               cfg.generator_layers, cfg.generator_heads, cfg.generator_ffn_dim,
-                               str(cfg.generator_positions), _generator_init(cfg),
-                               fast_dropout=not cfg.generator_torch_dropout)
+        generator = build_bart(GeneratorShape.of(cfg, init=_generator_init(cfg)), dictionary)
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
         query_encoder = None

@@ -10,7 +10,7 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.modules.fairseq_dropout import FairseqDropout  # noqa: E402
 
 from rag_plugin.models.dropout import FastDropout, fast_dropout, keep_mask, use_fast_dropout  # noqa: E402
-from rag_plugin.models.generator import build_bart  # noqa: E402
+from rag_plugin.models.generator import GeneratorShape, build_bart  # noqa: E402
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -90,7 +90,8 @@ def test_generator_uses_it_in_training_only_and_checkpoints_are_unchanged():
     for i in range(300):
         d.add_symbol(f"w{i}")
     torch.manual_seed(0)
-    bart = build_bart("tiny", d, 64, 64, 0.1, 0.0, 0.0, embed_dim=64, heads=4, ffn_dim=128)
+    bart = build_bart(GeneratorShape(max_source_positions=64, max_target_positions=64, dropout=0.1, embed_dim=64,
+                                 heads=4, ffn_dim=128), d)
     drops = [m for m in bart.modules() if isinstance(m, FairseqDropout)]
     assert drops and all(type(m) is FastDropout for m in drops)
     plain = torch.nn.Module()

@@ -4,12 +4,13 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from rag_plugin.models.generator import build_bart, load_generator_weights
+from rag_plugin.models.generator import GeneratorShape, build_bart, load_generator_weights
 from rag_plugin.util.errors import UserError
 
 
 def _generator(dictionary, src, tgt, dim=16):
-    return build_bart("tiny", dictionary, src, tgt, 0.0, 0.0, 0.0, embed_dim=dim, layers=1, heads=2, ffn_dim=32)
+    return build_bart(GeneratorShape(max_source_positions=src, max_target_positions=tgt, dropout=0.0, embed_dim=dim,
+                                     layers=1, heads=2, ffn_dim=32), dictionary)
 
 
 def test_other_position_sizes_name_the_position_options(tiny_world, tmp_path):

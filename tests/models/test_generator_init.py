@@ -7,7 +7,7 @@ pytest.importorskip("fairseq")
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.modules import MultiheadAttention  # noqa: E402
 
-from rag_plugin.models.generator import build_bart  # noqa: E402
+from rag_plugin.models.generator import GeneratorShape, build_bart  # noqa: E402
 from rag_plugin.models.rag import RagConfig, _generator_init  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
@@ -21,8 +21,8 @@ def _dictionary(n=500):
 
 def _build(init, positions="learned", dim=64):
     torch.manual_seed(0)
-    return build_bart("tiny", _dictionary(), 32, 32, 0.0, 0.0, 0.0, embed_dim=dim, heads=4, ffn_dim=4 * dim,
-                      positions=positions, init=init)
+    return build_bart(GeneratorShape(max_source_positions=32, max_target_positions=32, dropout=0.0, embed_dim=dim,
+                                     heads=4, ffn_dim=4 * dim, positions=positions, init=init), _dictionary())
 
 
 def test_xavier_init_scales_embeddings_and_attention():

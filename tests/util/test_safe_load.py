@@ -123,13 +123,14 @@ def test_hub_refuses(evil_checkpoint):
 def test_generator_initialisation_refuses(evil_checkpoint, tiny_world):
     from fairseq.data import Dictionary
 
-    from rag_plugin.models.generator import build_bart, load_generator_weights
+    from rag_plugin.models.generator import GeneratorShape, build_bart, load_generator_weights
 
     path, marker = evil_checkpoint
     with pytest.raises(UserError, match="safe loading refuses"):
         safe_torch_load(path)
     dictionary = Dictionary.load(str(tiny_world["root"] / "dict.txt"))
-    generator = build_bart("tiny", dictionary, 64, 64, 0.0, 0.0, 0.0, embed_dim=16, layers=1, heads=2, ffn_dim=32)
+    generator = build_bart(GeneratorShape(max_source_positions=64, max_target_positions=64, dropout=0.0, embed_dim=16,
+                                           layers=1, heads=2, ffn_dim=32), dictionary)
     with pytest.raises(UserError, match="safe loading refuses"):
         load_generator_weights(generator, str(path), dictionary)
     assert not marker.exists()

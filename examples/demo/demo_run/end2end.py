@@ -32,7 +32,8 @@ def linked_copy(source: Path, dest: Path) -> Path:
 
 def embedded_by(knowledge: Path, ckpt: Path) -> bool:
     """Whether ``knowledge``'s current version holds the vectors of the checkpoint's document encoder."""
-    from rag_plugin.models.doc_encoder import doc_encoder_state_from_checkpoint, version_document_hash
+    from rag_plugin.models.doc_encoder import version_document_hash
+    from rag_plugin.retrieval.encoders.trained_tower import doc_encoder_state_from_checkpoint
     from rag_plugin.retrieval.encoders.weights import state_dict_sha256
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
