@@ -7,18 +7,20 @@ installed plugin (added when not given) and the plugin's command-line hooks inst
 directory (``rag_plugin`` works from the repository root only); ``rag-user-dir`` prints the
 installed folder for use anywhere: ``fairseq-train ... --user-dir "$(rag-user-dir)"``.
 """
+import importlib
 import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
+import rag_plugin
+from rag_plugin import fairseq_hooks
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.quiet_import import import_fairseq_quietly
 
 
 def plugin_dir() -> Path:
     """The folder of the installed (or checked-out) rag_plugin package."""
-    import rag_plugin
-
     return Path(rag_plugin.__file__).resolve().parent
 
 
@@ -47,22 +49,19 @@ def with_user_dir(argv: List[str]) -> List[str]:
 
 
 def _run_fairseq(module_name: str) -> int:
-    import importlib
-
-    from rag_plugin.util.errors import UserError as _UserError
-
+    """fairseq's command line ``module_name`` (``fairseq_cli.train``) with the plugin registered and its hooks
+    installed, in the order of ``fairseq-train --user-dir``: fairseq's main module (which sets up fairseq's log
+    format) first, then the plugin."""
     try:
         argv = with_user_dir(sys.argv[1:])
-    except _UserError as err:
+    except UserError as err:
         sys.stderr.write(f"error: {err.render()}\n")
         return 2
-    import rag_plugin
-    from rag_plugin import fairseq_hooks
-
+    import_fairseq_quietly()  # without fairseq's import-time log lines ("Please install tensorboardX")
+    module = importlib.import_module(module_name)
     rag_plugin.register()
     fairseq_hooks.install()
     sys.argv = [sys.argv[0]] + argv
-    module = importlib.import_module(module_name)
     module.cli_main()
     return 0
 

@@ -57,6 +57,7 @@ def install() -> bool:
     from rag_plugin.fairseq_hooks.generate_output import install_generate_output
     from rag_plugin.fairseq_hooks.mixed_precision import install_mixed_precision
     from rag_plugin.fairseq_hooks.noise import quiet_dependency_noise
+    from rag_plugin.fairseq_hooks.option_errors import refuse_bad_update_freq
     from rag_plugin.fairseq_hooks.threads import choose_threads
     from rag_plugin.fairseq_hooks.usage_errors import install_fairseq_usage_errors, install_full_help
 
@@ -70,6 +71,7 @@ def install() -> bool:
     install_full_help()
     install_generate_output()
     install_mixed_precision()
+    refuse_bad_update_freq()
     choose_threads()
     _installed = True
     return True

@@ -2,9 +2,10 @@
 
 fairseq's mains let exceptions escape to the interpreter. With the plugin loaded by a fairseq
 command line, an uncaught exception whose cause is the user's (a :class:`UserError`, a pickle
-refused by safe loading), a rank lost in a collective, a 16-bit option without its hardware, or
-an option the plugin does not support ends the process with one line on stderr (exit 2; 1 for a
-lost rank) instead of a traceback. Everything else goes to the previous hook unchanged.
+refused by safe loading), a rank lost in a collective, or fairseq refusing its options (a 16-bit option without
+its hardware, an option the plugin does not support, any of fairseq's own assertions:
+:mod:`.option_errors`) ends the process with one line on stderr (exit 2; 1 for a lost rank or an assertion that
+names no option) instead of a traceback. Everything else goes to the previous hook unchanged.
 """
 import contextlib
 import logging
@@ -14,7 +15,7 @@ import threading
 from typing import Optional
 
 from rag_plugin.fairseq_hooks import rank_errors
-from rag_plugin.generation.options import REPLACE_UNK
+from rag_plugin.fairseq_hooks.option_errors import OPTION_MESSAGES, fairseq_assertion_line
 from rag_plugin.util.errors import UserError, exception_chain, user_error_in_chain
 
 #: What torch.distributed's backends say when another rank is gone (its process died, its
@@ -50,55 +51,6 @@ def lost_rank_message(exc: BaseException) -> Optional[str]:
             f"checkpoint_last.pt)")
 
 
-def missing_accelerator_message(exc: BaseException) -> Optional[str]:
-    """A one-line message if fairseq failed for want of the accelerator an option asks for:
-    ``--fp16`` puts the optimizer's flat float32 master weights on CUDA, ``--tpu`` needs torch_xla;
-    without them fairseq stops with an assertion or an attribute error deep in its trainer.
-    (``--bf16`` no longer implies ``--tpu``: :mod:`rag_plugin.fairseq_hooks.mixed_precision`.)"""
-    for e in exception_chain(exc):
-        if isinstance(e, AssertionError) and "not compiled with CUDA" in str(e):
-            return ("--fp16 needs CUDA, which this torch build lacks: fairseq keeps the flat float32 master weights on "
-                    "the GPU (on the CPU leave --fp16 out and train in float32)")
-        if isinstance(e, AttributeError) and "xla_device" in str(e):
-            return ("--tpu needs torch_xla, which is not installed (for bfloat16 on a GPU or the CPU give --bf16 "
-                    "without --tpu)")
-    return None
-
-
-def unsupported_option_message(exc: BaseException) -> Optional[str]:
-    """A one-line message if fairseq-generate failed on an option that rag_plugin does not support
-    before the plugin could refuse it: ``--replace-unk`` stops at fairseq's assertion that the
-    dataset is raw text, or (``--dataset-impl raw``) in ``load_align_dict`` opening a file named
-    after the option's value (``@@ `` when given without one)."""
-    for e in exception_chain(exc):
-        if isinstance(e, AssertionError) and "--replace-unk requires" in str(e):
-            return f"{REPLACE_UNK[0]} ({REPLACE_UNK[1]})"
-        tb = e.__traceback__
-        while isinstance(e, OSError) and tb is not None:
-            if tb.tb_frame.f_code.co_name == "load_align_dict":
-                return f"{REPLACE_UNK[0]} ({REPLACE_UNK[1]})"
-            tb = tb.tb_next
-    return None
-
-
-def resume_mismatch_message(exc: BaseException) -> Optional[str]:
-    """A one-line message if fairseq's resume refused the checkpoint's optimizer state because another optimizer or
-    criterion wrote it: a run that switches between float32 and ``--fp16``/``--bf16``/``--amp`` (each wraps the
-    optimizer in another class) stops at fairseq's assertion with "Optimizer does not match ... A vs B"."""
-    for e in exception_chain(exc):
-        text = str(e)
-        if isinstance(e, AssertionError) and "does not match; please reset the optimizer" in text:
-            what = "optimizer" if text.startswith("Optimizer") else "criterion"
-            names = text.rsplit(". ", 1)[-1]
-            return (f"the checkpoint's optimizer state was written with another {what} than this run's ({names}; "
-                    f"--fp16, --bf16 and --amp each wrap the optimizer) (fix: resume with the options that wrote it, "
-                    f"or add --reset-optimizer to keep the weights and start the optimizer afresh)")
-    return None
-
-
-#: fairseq failures that are bad options, each turned into one line (exit 2) by the hook below
-OPTION_MESSAGES = (missing_accelerator_message, unsupported_option_message, resume_mismatch_message)
-
 #: one last line per process: the main thread's hook or the error relay's thread (rank_errors), not both
 #: (reentrant: an error inside stop_process itself must not deadlock its own thread)
 _stopping = threading.RLock()
@@ -128,8 +80,10 @@ def stop_process(message: str, status: int, relayed: bool = False) -> None:
 def install_excepthook() -> None:
     """Make a :class:`UserError` escaping a fairseq entry point a one-line error, exit 2; a
     collective failing because another rank died: one line, exit 1; fairseq failing for want of
-    the accelerator an option asks for, on an option the plugin does not support, or on a resume with other
-    precision options (:data:`OPTION_MESSAGES`): one line, exit 2."""
+    the accelerator an option asks for, on an option the plugin does not support, on a resume with other
+    precision options or at an assertion that options reach (:data:`OPTION_MESSAGES`): one line, exit 2; any
+    other assertion of fairseq's own code: one line saying what it asserted and where (exit 2 when it names an
+    option, 1 otherwise)."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -149,6 +103,9 @@ def install_excepthook() -> None:
             message = option_message(exc)
             if message is not None:
                 stop_process(message, 2)
+        line = fairseq_assertion_line(exc) if exc is not None else None
+        if line is not None:
+            stop_process(*line)
         previous(exc_type, exc, tb)
 
     if getattr(sys.excepthook, "_rag_plugin", False):
