@@ -6,7 +6,7 @@ in a collective for that long. fairseq's ``--heartbeat-timeout N`` ("kill the jo
 is made in N seconds") only interrupts Python code, not a wait inside gloo. With the plugin
 loaded, ``--heartbeat-timeout N`` also becomes the process group's timeout: a collective that
 waits more than N seconds for another rank fails, and the rank exits with a one-line message
-(:func:`rag_plugin.util.errors.lost_rank_message`). A rank that dies outright (its connections
+(:func:`rag_plugin.fairseq_hooks.excepthook.lost_rank_message`). A rank that dies outright (its connections
 close) is noticed at the next collective without waiting for any timeout.
 
 Choose N above the longest time one rank may legitimately make the others wait (a validation
@@ -22,7 +22,7 @@ changes. So ``--cpu --ddp-backend pytorch_ddp`` trains with torch's DDP (gloo), 
 import datetime
 import functools
 
-from rag_plugin.fairseq_hooks import rank_errors
+from rag_plugin.fairseq_hooks import excepthook, rank_errors
 
 
 def _with_timeout(create, seconds: float):
@@ -36,6 +36,11 @@ def _with_timeout(create, seconds: float):
 
     wrapper._rag_plugin_plain = create
     return wrapper
+
+
+def _stop_relayed(line: str) -> None:
+    """End this rank with another rank's one-line error."""
+    excepthook.stop_process(line, 2, relayed=True)
 
 
 def bound_collective_waits() -> None:
@@ -60,7 +65,7 @@ def bound_collective_waits() -> None:
                 create = getattr(dist, name)
                 setattr(dist, name, _with_timeout(getattr(create, "_rag_plugin_plain", create), seconds))
         rank = plain(cfg)
-        rank_errors.start_relay()  # a one-line error on one rank stops every rank with that line
+        rank_errors.start_relay(_stop_relayed)  # a one-line error on one rank stops every rank with that line
         return rank
 
     distributed_init._rag_plugin = True

@@ -17,7 +17,7 @@ import atexit
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,14 @@ _relay: Optional["ErrorRelay"] = None
 
 
 class ErrorRelay:
-    """The store side of one rank: :meth:`publish`, :meth:`published`, :meth:`finish`, and a watching thread."""
+    """The store side of one rank: :meth:`publish`, :meth:`published`, :meth:`finish`, and a watching thread that
+    calls ``stop(line)`` with another rank's line (the excepthook's end of the process, handed in by
+    :mod:`.distributed`: the hook itself publishes through this module)."""
 
-    def __init__(self, store, rank: int, world: int, poll: float = POLL_SECONDS, wait: float = WAIT_SECONDS):
+    def __init__(self, store, rank: int, world: int, stop: Callable[[str], None], poll: float = POLL_SECONDS,
+                 wait: float = WAIT_SECONDS):
         self.store, self.rank, self.world, self.poll, self.wait = store, int(rank), int(world), poll, wait
+        self.stop = stop
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rag_plugin-error-relay", daemon=True)
         self.publisher = False
@@ -106,14 +110,13 @@ class ErrorRelay:
             except Exception:  # the store is gone (rank 0 ended): nothing more can be relayed
                 return
             if line is not None and not self.publisher:
-                from rag_plugin.fairseq_hooks.excepthook import stop_process
-
-                stop_process(line, 2, relayed=True)
+                self.stop(line)
                 return
 
 
-def start_relay() -> Optional[ErrorRelay]:
-    """Start this rank's relay (after torch.distributed is initialised; a world of one needs none)."""
+def start_relay(stop: Callable[[str], None]) -> Optional[ErrorRelay]:
+    """Start this rank's relay (after torch.distributed is initialised; a world of one needs none); ``stop(line)``
+    ends the process with another rank's line."""
     global _relay
     import torch.distributed as dist
 
@@ -126,7 +129,7 @@ def start_relay() -> Optional[ErrorRelay]:
     except Exception as err:  # another torch: the ranks stop as before ("lost contact")
         logger.warning("one error line on every rank is off: no store to relay it (%s)", err)
         return None
-    _relay = ErrorRelay(store, dist.get_rank(), dist.get_world_size()).start()
+    _relay = ErrorRelay(store, dist.get_rank(), dist.get_world_size(), stop).start()
     return _relay
 
 

@@ -8,13 +8,13 @@ import time
 import pytest
 import torch.distributed as dist
 
-from rag_plugin.fairseq_hooks import excepthook, rank_errors
+from rag_plugin.fairseq_hooks import distributed, excepthook, rank_errors
 from rag_plugin.fairseq_hooks.rank_errors import ErrorRelay
 
 
-def _relays(world, **kw):
+def _relays(world, stop=lambda line: None, **kw):
     store = dist.HashStore()
-    return [ErrorRelay(store, rank, world, **kw) for rank in range(world)]
+    return [ErrorRelay(store, rank, world, stop, **kw) for rank in range(world)]
 
 
 def test_the_first_published_line_is_the_jobs():
@@ -34,8 +34,8 @@ def test_another_ranks_line_stops_this_process_and_the_publishers_own_does_not(m
         stopped[threading.current_thread().name] = (line, status, relayed)
         done.set()
 
-    monkeypatch.setattr(excepthook, "stop_process", stop_process)
-    r0, r1 = _relays(2, poll=0.02)
+    monkeypatch.setattr(excepthook, "stop_process", stop_process)  # what the relay of the hooks calls
+    r0, r1 = _relays(2, stop=distributed._stop_relayed, poll=0.02)
     r0._thread.name, r1._thread.name = "rank0", "rank1"
     r1.publish("passage 7 is unreadable (rebuild the shard)")
     r0.start(), r1.start()
@@ -90,7 +90,7 @@ def test_at_the_end_of_a_run_rank_0_waits_for_the_others_to_stop_watching(monkey
 
 def test_without_a_distributed_job_nothing_is_relayed():
     assert not dist.is_initialized()
-    assert rank_errors.start_relay() is None and rank_errors.current() is None
+    assert rank_errors.start_relay(stop=lambda line: None) is None and rank_errors.current() is None
     rank_errors.publish("line")            # no-ops
     assert rank_errors.relayed_line() is None
     rank_errors.finish(wait=True)
