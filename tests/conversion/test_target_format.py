@@ -17,7 +17,7 @@ from tests.conversion import hf_world
 T = hf_world.transformers()  # skips the module without transformers
 
 from rag_plugin.core.input_format import InputFormat, target_layout  # noqa: E402
-from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion  # noqa: E402
+from rag_plugin.criterions.marginal_nll import MarginalNLLConfig, MarginalNLLCriterion  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
 BOS, PAD, EOS = 0, 1, 2
@@ -50,8 +50,10 @@ def _sample(task):
 
 
 def _plugin_loss(model, task, sample, epsilon=0.0) -> torch.Tensor:
+    # the criterion's target format is the task's (II("task.target_format"), as fairseq resolves it)
+    cfg = MarginalNLLConfig(label_smoothing=epsilon, target_format=str(task.cfg.target_format))
     with torch.no_grad():
-        loss, _, _ = MarginalNLLCriterion(task, label_smoothing=epsilon)(model, sample, reduce=False)
+        loss, _, _ = MarginalNLLCriterion(task, cfg)(model, sample, reduce=False)
     return loss
 
 

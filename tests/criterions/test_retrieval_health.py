@@ -49,13 +49,13 @@ def test_validation_warnings(caplog):
 
 
 def test_automatic_query_encoder_lr_scale():
-    from rag_plugin.models.rag import RagConfig, query_encoder_lr_scale
+    from rag_plugin.models.rag import RagConfig, lr_scale
 
-    assert abs(query_encoder_lr_scale(RagConfig(lr=[1e-3])) - 0.03) < 1e-12     # the demo's 3e-5 / 1e-3
-    assert query_encoder_lr_scale(RagConfig(lr=[3e-5])) == 1.0                   # the paper's: unscaled
-    assert query_encoder_lr_scale(RagConfig(lr=[1e-5])) == 1.0                   # never faster than --lr
-    assert query_encoder_lr_scale(RagConfig(lr=[1e-3], query_encoder_lr_scale=0.5)) == 0.5   # explicit wins
-    assert query_encoder_lr_scale(RagConfig()) == 1.0                            # no --lr known
+    assert abs(lr_scale(RagConfig(lr=[1e-3])) - 0.03) < 1e-12                    # the demo's 3e-5 / 1e-3
+    assert lr_scale(RagConfig(lr=[3e-5])) == 1.0                                 # the paper's: unscaled
+    assert lr_scale(RagConfig(lr=[1e-5])) == 1.0                                 # never faster than --lr
+    assert lr_scale(RagConfig(lr=[1e-3], query_encoder_lr_scale=0.5)) == 0.5     # explicit wins
+    assert lr_scale(RagConfig()) == 1.0                                          # no --lr known
 
 
 def test_the_readme_training_command_trains_the_query_encoder_at_3e_5(tiny_world, tmp_path):

@@ -13,8 +13,9 @@ import rag_plugin
 
 rag_plugin.register()
 
-from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion  # noqa: E402
+from rag_plugin.criterions.marginal_nll import MarginalNLLConfig, MarginalNLLCriterion  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
+from rag_plugin.tasks import pairing  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
@@ -26,6 +27,11 @@ def _task(world, n_docs=3, **options):
     task = RetrievalAugmentedTask.setup_task(cfg)
     task.load_dataset("train")
     return task
+
+
+def _criterion(task, **options):
+    """marginal_nll with the criterion's options (--retriever-loss and its settings)."""
+    return MarginalNLLCriterion(task, MarginalNLLConfig(**options))
 
 
 def _model(cls, task, seed=1, **cfg):
@@ -81,9 +87,9 @@ def _reference(name, variant, scores, token_lp, positions):
 @pytest.mark.parametrize("name", ["pdist", "emdr2", "loop"])
 @pytest.mark.parametrize("cls", [RagTokenModel, RagSequenceModel])
 def test_loss_is_marginal_plus_weighted_retriever_loss(tiny_world, name, cls):
-    task = _task(tiny_world, retriever_loss=name, retriever_loss_weight=W, retriever_temperature=TEMP)
+    task = _task(tiny_world)
     model = _model(cls, task).eval()
-    crit = MarginalNLLCriterion(task)
+    crit = _criterion(task, retriever_loss=name, retriever_loss_weight=W, retriever_temperature=TEMP)
     sample = _batch(task)
     with torch.no_grad():
         loss, sample_size, log = crit(model, sample, reduce=False)
@@ -105,10 +111,10 @@ def test_loss_is_marginal_plus_weighted_retriever_loss(tiny_world, name, cls):
 def test_retriever_loss_reaches_only_the_query_encoder(tiny_world):
     from rag_plugin.criterions import retriever_loss as RL
 
-    task = _task(tiny_world, retriever_loss="pdist")
+    task = _task(tiny_world)
     model = _model(RagTokenModel, task).train()
     sample = _batch(task)
-    crit = MarginalNLLCriterion(task)
+    crit = _criterion(task, retriever_loss="pdist")
     net_output = model(**sample["net_input"])
     _, _, doc_lp, lprobs = crit.marginal(model, net_output, sample)
     r = crit.compute_retriever_loss(model, net_output, sample, doc_lp, lprobs)
@@ -150,13 +156,12 @@ class _AttentionReader(RagTokenModel):
 
 
 def test_adist_for_a_model_with_cross_attention_scores(tiny_world):
-    task = _task(tiny_world, retriever_loss="adist", retriever_temperature=TEMP)
+    task = _task(tiny_world)
     model = _model(_AttentionReader, task).eval()
-    from rag_plugin.tasks import retriever_options
-
-    retriever_options.check_model(task.cfg, model)  # accepted
+    crit = _criterion(task, retriever_loss="adist", retriever_temperature=TEMP)
+    pairing.check_retriever_loss(task.cfg, pairing.BuiltModel.of(model), crit)  # accepted
     with torch.no_grad():
-        _, _, log = MarginalNLLCriterion(task)(model, _batch(task))
+        _, _, log = crit(model, _batch(task))
         _, extra = model(**_batch(task)["net_input"])
     expected = 0.0
     for s, a in zip(extra["doc_scores"].double().numpy(), extra["doc_attention_scores"].double().numpy()):
@@ -165,25 +170,37 @@ def test_adist_for_a_model_with_cross_attention_scores(tiny_world):
     assert float(log["retriever_loss"]) == pytest.approx(expected, rel=1e-4)
 
 
-def test_refusals(tiny_world):
-    from rag_plugin.tasks import retriever_options
+def _fairseq_cfg(cfg, name):
+    """Options as fairseq hands them to the task: a DictConfig naming the model or criterion."""
+    from omegaconf import OmegaConf
 
-    task = _task(tiny_world, retriever_loss="adist")
+    cfg._name = name
+    return OmegaConf.structured(cfg)
+
+
+def test_refusals(tiny_world):
+    task = _task(tiny_world)
     with pytest.raises(UserError, match=r"--retriever-loss adist distils .* RagTokenModel \(--arch\) computes none"):
-        retriever_options.check_model(task.cfg, _model(RagTokenModel, task))
-    task = _task(tiny_world, retriever_loss="pdist")
+        pairing.check_retriever_loss(task.cfg, pairing.BuiltModel.of(_model(RagTokenModel, task)),
+                                     _criterion(task, retriever_loss="adist"))
+    # the task checks the model it built against the criterion it builds
+    task.build_model(_fairseq_cfg(RagConfig(generator_size="tiny", freeze_query_encoder=True), "rag_token"))
     with pytest.raises(UserError, match="--retriever-loss pdist trains the query encoder, and this model's is frozen"):
-        retriever_options.check_model(task.cfg, _model(RagTokenModel, task, freeze_query_encoder=True))
-    bad = [({"retriever": "bm25", "retriever_loss": "emdr2"}, "--retriever bm25 has nothing to train"),
-           ({"retriever_loss": "loop", "n_docs": 1}, "--n-docs 1 gives it one"),
-           ({"retriever": "hybrid", "fusion": "weighted", "fusion_weight": -0.1}, "--fusion-weight -0.1 is outside"),
-           ({"retriever": "hybrid", "hybrid_candidates": 2}, "--hybrid-candidates 2 is fewer than --n-docs 3"),
-           ({"retriever": "hybrid", "fusion": "weighted", "fusion_weight": 0.0, "retriever_loss": "pdist"},
+        task.build_criterion(_fairseq_cfg(MarginalNLLConfig(retriever_loss="pdist"), "marginal_nll"))
+    task.build_criterion(_fairseq_cfg(MarginalNLLConfig(), "marginal_nll"))  # no retriever loss: nothing to train
+    # (task options, criterion options, message): the task's setup, the criterion's constructor or the pairing
+    bad = [({"retriever": "bm25"}, {"retriever_loss": "emdr2"}, "--retriever bm25 has nothing to train"),
+           ({"n_docs": 1}, {"retriever_loss": "loop"}, "--n-docs 1 gives it one"),
+           ({"retriever": "hybrid", "fusion": "weighted", "fusion_weight": -0.1}, {},
+            "--fusion-weight -0.1 is outside"),
+           ({"retriever": "hybrid", "hybrid_candidates": 2}, {}, "--hybrid-candidates 2 is fewer than --n-docs 3"),
+           ({"retriever": "hybrid", "fusion": "weighted", "fusion_weight": 0.0}, {"retriever_loss": "pdist"},
             "--fusion-weight 0 gives it no weight"),
-           ({"retriever_loss": "pdist", "retriever_temperature": 0.0}, "--retriever-temperature 0.0 must be")]
-    for options, message in bad:
+           ({}, {"retriever_loss": "pdist", "retriever_temperature": 0.0}, "--retriever-temperature 0.0 must be")]
+    for options, criterion_options, message in bad:
         with pytest.raises(UserError, match=message):
-            _task(tiny_world, **{"n_docs": 3, **options})
+            bad_task = _task(tiny_world, **{"n_docs": 3, **options})
+            pairing.check_retriever_loss(bad_task.cfg, None, _criterion(bad_task, **criterion_options))
 
 
 @pytest.mark.parametrize("fusion", ["rrf", "weighted"])
@@ -213,9 +230,9 @@ def test_hybrid_model_fuses_and_trains_the_query_encoder(tiny_world, fusion):
 def test_retriever_loss_start_trains_the_reader_alone_before_it(tiny_world):
     """--retriever-loss-start 3: at updates 0-2 the loss trained is the marginal NLL alone (the retriever loss is
     logged), from update 3 on it includes the weighted retriever loss; the task hands the update to the criterion."""
-    task = _task(tiny_world, retriever_loss="pdist", retriever_loss_weight=W, retriever_loss_start=3)
+    task = _task(tiny_world)
     model = _model(RagTokenModel, task).eval()
-    crit = MarginalNLLCriterion(task)
+    crit = _criterion(task, retriever_loss="pdist", retriever_loss_weight=W, retriever_loss_start=3)
     sample = _batch(task)
     per_question = None
     with torch.no_grad():
@@ -233,7 +250,7 @@ def test_retriever_loss_start_trains_the_reader_alone_before_it(tiny_world):
                     update_num=5)
     assert seen == [5]
     with pytest.raises(UserError, match="--retriever-loss-start"):
-        _task(tiny_world, retriever_loss="pdist", retriever_loss_start=-1)
+        _criterion(task, retriever_loss="pdist", retriever_loss_start=-1)
 
 
 def test_before_retriever_loss_start_the_query_encoder_gets_a_zero_gradient(tiny_world):
@@ -242,15 +259,16 @@ def test_before_retriever_loss_start_the_query_encoder_gets_a_zero_gradient(tiny
     find_unused_parameters=False stops on a parameter without one); from update 2 on it is the adist term's."""
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
-    from rag_plugin.criterions.reader_cross_entropy import ReaderCrossEntropyCriterion
+    from rag_plugin.criterions.reader_cross_entropy import ReaderCrossEntropyConfig, ReaderCrossEntropyCriterion
     from rag_plugin.models.fid import FidConfig, FidModel
 
-    task = _task(tiny_world, retriever_loss="adist", retriever_loss_start=2)
+    task = _task(tiny_world)
     torch.manual_seed(0)
-    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=1.0), task)
+    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=1.0,
+                                           retriever_loss="adist"), task)
     model.train()
     sample = _batch(task)
-    crit = ReaderCrossEntropyCriterion(task, sentence_avg=False)
+    crit = ReaderCrossEntropyCriterion(task, ReaderCrossEntropyConfig(retriever_loss="adist", retriever_loss_start=2))
     plain = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.0)
     trainable = [p for p in model.query_encoder.parameters() if p.requires_grad]
     assert trainable

@@ -17,13 +17,13 @@ import rag_plugin
 
 rag_plugin.register()
 
+from rag_plugin.core.net_output import ATTENTION_KEY  # noqa: E402
 from rag_plugin.data.gold_rows import rows_by_passage_id  # noqa: E402
 from rag_plugin.data.kilt import read_kilt  # noqa: E402
 from rag_plugin.evaluation import reader_probe  # noqa: E402
 from rag_plugin.models.fid import FidConfig, FidModel  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
-from rag_plugin.tasks.retriever_options import ATTENTION_KEY  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 from tests.conftest import assert_one_line_error  # noqa: E402
 

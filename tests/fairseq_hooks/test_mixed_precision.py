@@ -21,7 +21,7 @@ from fairseq.optim.amp_optimizer import AMPOptimizer  # noqa: E402
 from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer, _FP16OptimizerMixin  # noqa: E402
 
 from rag_plugin.fairseq_hooks import mixed_precision  # noqa: E402
-from rag_plugin.models.rag import scale_learning_rate  # noqa: E402
+from rag_plugin.optim.lr_scale import scale_learning_rate  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 from tests.tasks.test_training import ROOT, _args, _Job, _load, _updates  # noqa: E402
 

@@ -81,9 +81,10 @@ def test_deepcopy_of_a_rag_model_shares_the_knowledge_source(tiny_world, unraisa
 
 
 def test_deepcopy_of_a_fid_model_shares_the_knowledge_source(tiny_world, unraisable):
-    task = _task(tiny_world, retriever_loss="adist")
+    task = _task(tiny_world)
     torch.manual_seed(0)
-    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0), task)
+    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0, retriever_loss="adist"), task)
+    assert model.returns_attention  # trains its query encoder (--retriever-loss adist)
     clone = copy.deepcopy(model)
     _assert_shares_retrieval(model, clone, task)
     del clone

@@ -13,8 +13,9 @@ from fairseq.criterions.cross_entropy import CrossEntropyCriterion  # noqa: E402
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion  # noqa: E402
 
 from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion  # noqa: E402
-from rag_plugin.models.fid import FidConfig, FidModel, fuse_encodings, refuse_criterion  # noqa: E402
-from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
+from rag_plugin.models.fid import FidConfig, FidModel, fuse_encodings  # noqa: E402
+from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
+from rag_plugin.tasks.pairing import BuiltModel, check_family  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
@@ -160,13 +161,24 @@ def test_checkpoints_of_the_other_family_are_refused(tiny_world):
 
 
 def test_criteria_of_the_other_family_are_refused(tiny_world):
+    from omegaconf import OmegaConf
+
+    from rag_plugin.criterions.marginal_nll import MarginalNLLConfig
+
     task = _task(tiny_world)
+    fid, token = BuiltModel.of(_fid(task)), BuiltModel.of(RagTokenModel.build_model(RagConfig(generator_size="tiny"),
+                                                                                   task))
+    sequence = BuiltModel.of(RagSequenceModel.build_model(RagConfig(generator_size="tiny"), task))
     with pytest.raises(UserError, match="--criterion marginal_nll"):
-        refuse_criterion("fid", MarginalNLLCriterion(task))
+        check_family(fid, MarginalNLLCriterion(task))
     with pytest.raises(UserError, match="--criterion cross_entropy"):
-        refuse_criterion("token", CrossEntropyCriterion(task, sentence_avg=False))
-    refuse_criterion("fid", CrossEntropyCriterion(task, sentence_avg=False))
-    refuse_criterion("sequence", MarginalNLLCriterion(task))
+        check_family(token, CrossEntropyCriterion(task, sentence_avg=False))
+    check_family(fid, CrossEntropyCriterion(task, sentence_avg=False))
+    check_family(sequence, MarginalNLLCriterion(task))
+    # the task checks the model it built against the criterion it builds
+    task.build_model(OmegaConf.structured(FidConfig(generator_size="tiny", _name="fid", lr=[1e-3])))
+    with pytest.raises(UserError, match="--criterion marginal_nll"):
+        task.build_criterion(OmegaConf.structured(MarginalNLLConfig(_name="marginal_nll")))
 
 
 def test_generator_checkpoint_of_a_rag_model_initialises_fid(tiny_world, tmp_path):

@@ -10,29 +10,39 @@ import rag_plugin
 
 rag_plugin.register()
 
+from rag_plugin.core.net_output import ATTENTION_KEY  # noqa: E402
 from rag_plugin.core.retriever_losses import adist_loss  # noqa: E402
-from rag_plugin.criterions.reader_cross_entropy import ReaderCrossEntropyCriterion  # noqa: E402
+from rag_plugin.criterions.reader_cross_entropy import (  # noqa: E402
+    ReaderCrossEntropyConfig,
+    ReaderCrossEntropyCriterion,
+)
 from rag_plugin.generation.fid_attention import teacher_forced  # noqa: E402
-from rag_plugin.models.fid import FidConfig, FidModel, refuse_criterion  # noqa: E402
-from rag_plugin.tasks import retriever_options  # noqa: E402
+from rag_plugin.models.fid import FidConfig, FidModel  # noqa: E402
+from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
+from rag_plugin.tasks import pairing  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
-from rag_plugin.tasks.retriever_options import ATTENTION_KEY  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
 
-def _task(world, loss="adist", split="train", n_docs=3, weight=1.0):
-    cfg = RetrievalAugmentedConfig(data=str(world["data"]), knowledge=str(world["ks"]), n_docs=n_docs,
-                                   retriever_loss=loss, retriever_loss_weight=weight)
+def _task(world, split="train", n_docs=3):
+    cfg = RetrievalAugmentedConfig(data=str(world["data"]), knowledge=str(world["ks"]), n_docs=n_docs)
     task = RetrievalAugmentedTask.setup_task(cfg)
     task.load_dataset(split)
     return task
 
 
-def _fid(task, seed=0, **kw):
+def _criterion(task, loss="adist", weight=1.0, **kw):
+    """reader_cross_entropy with --retriever-loss ``loss`` (the criterion's option)."""
+    return ReaderCrossEntropyCriterion(task, ReaderCrossEntropyConfig(retriever_loss=loss,
+                                                                      retriever_loss_weight=weight, **kw))
+
+
+def _fid(task, loss="adist", seed=0, **kw):
+    """A FiD model built for the criterion's --retriever-loss ``loss``, checked against it as the task does."""
     torch.manual_seed(seed)
     kw.setdefault("query_encoder_lr_scale", 1.0)
-    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0, **kw), task)
-    retriever_options.check_model(task.cfg, model)
+    model = FidModel.build_model(FidConfig(generator_size="tiny", dropout=0.0, retriever_loss=loss, **kw), task)
+    pairing.check_retriever_loss(task.cfg, pairing.BuiltModel.of(model), _criterion(task, loss))
     return model
 
 
@@ -61,10 +71,10 @@ def test_adist_trains_the_query_encoder_and_returns_attention_shares(tiny_world)
 
 
 def test_without_retriever_loss_the_criterion_is_label_smoothed_cross_entropy(tiny_world):
-    task = _task(tiny_world, loss="none")
-    model = _fid(task).eval()
+    task = _task(tiny_world)
+    model = _fid(task, loss="none").eval()
     sample = _batch(task)
-    ours = ReaderCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    ours = _criterion(task, loss="none", label_smoothing=0.1)
     fairseqs = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     with torch.no_grad():
         a, size_a, log_a = ours(model, sample)
@@ -77,10 +87,10 @@ def test_without_retriever_loss_the_criterion_is_label_smoothed_cross_entropy(ti
 
 
 def test_adist_loss_is_added_with_its_weight_and_reaches_only_the_query_encoder(tiny_world):
-    task = _task(tiny_world, weight=0.5)
+    task = _task(tiny_world)
     model = _fid(task).eval()
     sample = _batch(task)
-    criterion = ReaderCrossEntropyCriterion(task, sentence_avg=False)
+    criterion = _criterion(task, weight=0.5)
     plain = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.0)
     with torch.no_grad():
         loss, sample_size, log = criterion(model, sample)
@@ -112,8 +122,8 @@ def test_an_adist_checkpoint_generates_with_a_fixed_query_encoder(tiny_world):
             p.add_(torch.randn_like(p) * 0.01)  # "trained": the stored values move
     state = trained.state_dict()
     assert any(".parametrizations." in k for k in state)
-    task = _task(tiny_world, loss="none", split="test")
-    fresh = _fid(task, seed=3, query_encoder_lr_scale=0.25)
+    task = _task(tiny_world, split="test")
+    fresh = _fid(task, loss="none", seed=3, query_encoder_lr_scale=0.25)
     assert not any(".parametrizations." in k for k in fresh.state_dict())
     fresh.load_state_dict(state)
     ni = _batch(task, "test")["net_input"]
@@ -127,13 +137,22 @@ def test_an_adist_checkpoint_generates_with_a_fixed_query_encoder(tiny_world):
 
 @pytest.mark.parametrize("loss", ["pdist", "emdr2", "loop"])
 def test_fid_with_a_likelihood_based_retriever_loss_is_an_error(tiny_world, loss):
-    task = _task(tiny_world, loss=loss)
+    from omegaconf import OmegaConf
+
+    task = _task(tiny_world)
     with pytest.raises(UserError, match=f"--retriever-loss {loss}.*Fusion-in-Decoder"):
-        _fid(task)
+        _fid(task, loss=loss)
+    # the task checks the model it built against the criterion it builds
+    task.build_model(OmegaConf.structured(FidConfig(_name="fid", generator_size="tiny", lr=[1e-3],
+                                                    retriever_loss=loss)))
+    with pytest.raises(UserError, match=f"--retriever-loss {loss}.*Fusion-in-Decoder"):
+        task.build_criterion(OmegaConf.structured(ReaderCrossEntropyConfig(_name="reader_cross_entropy",
+                                                                           retriever_loss=loss)))
 
 
 def test_reader_cross_entropy_on_a_rag_model_is_an_error(tiny_world):
-    task = _task(tiny_world, loss="none")
+    task = _task(tiny_world)
+    rag = pairing.BuiltModel.of(RagTokenModel.build_model(RagConfig(generator_size="tiny"), task))
     with pytest.raises(UserError, match="--criterion reader_cross_entropy"):
-        refuse_criterion("token", ReaderCrossEntropyCriterion(task, sentence_avg=False))
-    refuse_criterion("fid", ReaderCrossEntropyCriterion(task, sentence_avg=False))
+        pairing.check_family(rag, _criterion(task, loss="none"))
+    pairing.check_family(pairing.BuiltModel.of(_fid(task, loss="none")), _criterion(task, loss="none"))

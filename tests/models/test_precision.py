@@ -114,7 +114,7 @@ def test_model_cast_to_bfloat16_as_fairseqs_trainer_casts_it(tiny_world, arch, n
     scores float32 (and the float32 model's to bfloat16's q precision), every gradient finite (and the query
     encoder's there), the generated answers the float32 model's with scores within 0.01."""
     task, model, sample = _setup(tiny_world, arch, n_docs=n_docs)
-    criterion = ReaderCrossEntropyCriterion(task, sentence_avg=False) if arch == "fid" else MarginalNLLCriterion(task)
+    criterion = ReaderCrossEntropyCriterion(task) if arch == "fid" else MarginalNLLCriterion(task)
     loss32, scores32, _, gen32 = _train_and_generate(task, model, sample, criterion, torch.float32)
     loss16, scores16, grads, gen16 = _train_and_generate(task, model, sample, criterion, torch.bfloat16)
     assert abs(loss16 - loss32) <= 0.01 * abs(loss32), (loss16, loss32)

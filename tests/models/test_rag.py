@@ -10,7 +10,7 @@ from rag_plugin.core import input_format
 
 rag_plugin.register()
 
-from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion, gold_doc_prob  # noqa: E402
+from rag_plugin.criterions.marginal_nll import MarginalNLLConfig, MarginalNLLCriterion, gold_doc_prob  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 
@@ -277,7 +277,7 @@ def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_
     sample = _batch(task)
     with torch.no_grad():
         loss_t, size_t, log_t = MarginalNLLCriterion(task)(model, sample)
-        loss_s, size_s, log_s = MarginalNLLCriterion(task, sentence_avg=True)(model, sample)
+        loss_s, size_s, log_s = MarginalNLLCriterion(task, MarginalNLLConfig(sentence_avg=True))(model, sample)
     assert size_t == sample["ntokens"] and size_s == sample["target"].size(0) == 4
     torch.testing.assert_close(loss_s, loss_t)
     with metrics.aggregate() as agg:
@@ -286,7 +286,7 @@ def test_sentence_avg_divides_by_examples_and_gold_metric_needs_provenance(tiny_
     assert agg.get_smoothed_value("nll_loss") == pytest.approx(
         float(log_s["nll_loss"]) / sample["ntokens"] / math.log(2), abs=1e-3)
     no_gold = {k: v for k, v in sample.items() if k != "gold_rows"}
-    crit = MarginalNLLCriterion(task, best_checkpoint_metric="gold_doc_prob")
+    crit = MarginalNLLCriterion(task, MarginalNLLConfig(best_checkpoint_metric="gold_doc_prob"))
     with torch.no_grad(), pytest.raises(UserError, match="gold_doc_prob needs retrieved documents and gold passages"):
         crit(model, no_gold)
     crit(model.train(), no_gold)  # training batches need none

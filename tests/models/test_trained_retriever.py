@@ -10,8 +10,8 @@ import rag_plugin
 rag_plugin.register()
 
 from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
+from rag_plugin.tasks.hybrid_options import retriever_name  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
-from rag_plugin.tasks.retriever_options import retriever_name  # noqa: E402
 
 
 def _model(world, retriever):
