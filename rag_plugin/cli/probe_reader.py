@@ -60,6 +60,9 @@ def main(argv=None) -> int:
             raise UserError(f"{flag} {value}: must be at least {least}", fix=f"pass {flag} {least} or more")
     from tqdm.auto import tqdm
 
+    from rag_plugin.util.quiet_import import import_fairseq_quietly
+
+    import_fairseq_quietly()  # before the modules below import fairseq (its import-time log lines otherwise)
     from rag_plugin.data.gold_rows import rows_by_passage_id
     from rag_plugin.data.kilt import read_kilt
     from rag_plugin.evaluation import reader_probe

@@ -26,7 +26,8 @@ from omegaconf import II
 
 from rag_plugin.core.net_output import ATTENTION_KEY
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
-from rag_plugin.models.rag import RagConfig, RagModel, _as_config, _preset, lr_scale
+from rag_plugin.models.rag import RagModel, _preset
+from rag_plugin.models.rag_config import RagConfig, as_config, lr_scale
 from rag_plugin.optim.lr_scale import has_scaled_keys, plain_state
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.interpolation import interpolated
@@ -38,7 +39,7 @@ class FidConfig(RagConfig):
         default=False, metadata={"help": "no effect on FiD: its query encoder is fixed unless --retriever-loss adist "
                                          "trains it"})
     #: the criterion's --retriever-loss (adist trains the query encoder; anything else leaves it fixed)
-    retriever_loss: str = II("criterion.retriever_loss")
+    retriever_loss: str = II("oc.select:criterion.retriever_loss,none")
 
 
 def fuse_encodings(encoder_out: Dict[str, List[torch.Tensor]], k: int) -> Dict[str, List[torch.Tensor]]:
@@ -70,7 +71,7 @@ class FidModel(RagModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        cfg = _as_config(cfg, FidConfig)
+        cfg = as_config(cfg, FidConfig)
         if task.cfg.n_docs == 0:
             raise UserError("--n-docs 0 gives Fusion-in-Decoder (--arch fid_*) no passages to read",
                             fix="use --n-docs 1 or more, or --arch rag_token_* with --n-docs 0 for closed-book BART")

@@ -18,131 +18,24 @@ With ``n_docs == 0`` the model is the closed-book BART baseline (no retrieval).
 import copy
 import json
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
-from omegaconf import II
 
 from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.context import RetrievalContext
 from rag_plugin.models.generator import GeneratorShape, build_bart, count_parameters, load_generator_weights
+from rag_plugin.models.rag_config import RagConfig, as_config, generator_init, lr_scale
 from rag_plugin.optim.lr_scale import (
     has_scaled_keys,
     plain_module_state,
-    resolved_scale,
     scale_learning_rate,
     scaled_state,
 )
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
-
-
-def _generator_init(cfg) -> str:
-    init = str(getattr(cfg, "generator_init", "auto"))
-    if init == "auto":
-        return "xavier" if str(cfg.generator_size) == "tiny" else "bart"
-    return init
-
-
-@dataclass
-class RagConfig(FairseqDataclass):
-    generator_size: ChoiceEnum(["tiny", "base", "large"]) = field(
-        default="tiny", metadata={"help": "generator sizes: tiny (2+2 layers, d=192), base (bart.base), "
-                                          "large (bart.large)"})
-    generator_embed_dim: int = field(default=0, metadata={"help": "override the size preset's model dimension"})
-    generator_layers: int = field(default=0, metadata={"help": "override the preset's encoder and decoder layers"})
-    generator_heads: int = field(default=0, metadata={"help": "override the preset's attention heads"})
-    generator_ffn_dim: int = field(default=0, metadata={"help": "override the preset's feed-forward dimension"})
-    generator_positions: ChoiceEnum(["learned", "sinusoidal"]) = field(
-        default="learned", metadata={"help": "position embeddings of a generator trained from scratch: 'learned' "
-                                             "(BART's) or 'sinusoidal' (fixed; trains far more slowly at the tiny "
-                                             "size, "
-                                             "see build_bart)"})
-    generator_init: ChoiceEnum(["auto", "bart", "xavier"]) = field(
-        default="auto", metadata={"help": "initialisation of a generator trained from scratch: 'bart' (N(0, 0.02)), "
-                                          "'xavier' (fairseq's transformer: copying is learned far sooner at small "
-                                          "sizes), 'auto' = xavier for the tiny size, bart otherwise"})
-    generator_checkpoint: Optional[str] = field(
-        default=None, metadata={"help": "initialise the generator from a fairseq BART model.pt (bart.base / "
-                                        "bart.large)"})
-    query_encoder: str = field(
-        default="knowledge", metadata={"help": "query encoder initialisation: 'knowledge' (the knowledge source's "
-                                               "encoder: MiniLM or DPR's question encoder), 'random', or an encoder "
-                                               "spec (dpr:CKPT, hf-dpr:DIR)"})
-    freeze_query_encoder: bool = field(
-        default=False, metadata={"help": "keep the query encoder fixed (the paper's 'Frozen' ablation)"})
-    freeze_query_embeddings: bool = field(
-        default=False, metadata={"help": "keep the query encoder's token embeddings fixed (train its layers only); "
-                                         "saves the dense gradient and Adam state of a 30k x d table on CPU"})
-    query_encoder_lr_scale: float = field(
-        default=0.0, metadata={"help": "the query encoder learns at this multiple of --lr (e.g. 0.03: a generator "
-                                       "trained from scratch at 1e-3 beside a pretrained query encoder at 3e-5). "
-                                       "0 = automatic: min(1, 3e-5 / --lr), so the query encoder never learns faster "
-                                       "than the paper's 3e-5 (faster, it collapses: every question retrieves the "
-                                       "same passages). Works with any fairseq optimizer; its decoupled weight decay "
-                                       "follows the same multiple with --optimizer torch_adamw only (others decay "
-                                       "it at the full lr x --weight-decay)"})
-    lr: Any = II("optimization.lr")
-    doc_score_scale: float = field(
-        default=0.0, metadata={"help": "p(z|x) = softmax(scale * q.d). 0 = automatic: 1 for DPR's unnormalised "
-                                       "inner products, 20 for L2-normalised encoders such as MiniLM (whose cosine "
-                                       "scores in [-1, 1] would otherwise give an almost uniform p(z|x))"})
-    dropout: float = field(default=0.1, metadata={"help": "generator dropout"})
-    generator_torch_dropout: bool = field(
-        default=False, metadata={"help": "use torch's F.dropout in the generator instead of the plugin's dropout "
-                                         "(rag_plugin/models/dropout.py: same expectation, p rounded to 2^-16, masks "
-                                         "~4x cheaper on CPU than bernoulli_)"})
-    attention_dropout: float = field(default=0.0, metadata={"help": "generator attention dropout"})
-    activation_dropout: float = field(default=0.0, metadata={"help": "generator activation dropout"})
-    max_source_positions: int = field(default=256, metadata={"help": "generator input length (question + passage)"})
-    input_format: ChoiceEnum(["plugin", "hf"]) = field(
-        default="plugin", metadata={"help": "generator input: plugin ('<s> question </s> title </s> passage </s>') or "
-                                            "hf (the reference RAG's '<s> title / passage // question </s>', for "
-                                            "converted Hugging Face checkpoints); the knowledge source must be "
-                                            "pre-tokenized for the same format (see rag_plugin/core/input_format.py)"})
-    max_target_positions: int = field(default=128, metadata={"help": "generator output length"})
-    train_doc_encoder: bool = field(default=False, metadata={
-        "help": "train a document encoder too (a copy of the knowledge source's): the retrieved rows are scored "
-                "in each step by it on their texts, so the marginal NLL trains it (the index, stale, only picks "
-                "them); learns at the query encoder's lr scale. See rag_plugin/models/doc_encoder.py"})
-    share_encoder_towers: bool = field(default=False, metadata={
-        "help": "with --train-doc-encoder: one tower (the query encoder) encodes questions and documents"})
-    rerank_top: int = field(default=0, metadata={
-        "help": "with --train-doc-encoder: take this many (L >= --n-docs) candidates from the index, re-score them "
-                "with the current encoders and keep the top --n-docs (Atlas); 0 = no re-ranking"})
-    doc_encoder_chunk: int = field(default=doc_side.DEFAULT_CHUNK, metadata={
-        "help": "with --train-doc-encoder: a step's distinct retrieved passages go through the document encoder "
-                "this many at a time; a step with more trains them under activation checkpointing (one chunk's "
-                "activations alive at once whatever --rerank-top, for one more forward of the tower). 0 = all in "
-                "one batch"})
-    doc_encoder_train_layers: int = field(default=0, metadata={
-        "help": "with --train-doc-encoder: train only the document encoder's top N layers; its embeddings and lower "
-                "layers stay frozen and run once per passage (cached under the knowledge source): ~layers/N x cheaper "
-                "steps on a CPU. 0 = the whole tower"})
-
-
-def lr_scale(cfg) -> float:
-    """The towers' learning-rate scale of a model built with ``cfg`` (``--query-encoder-lr-scale``, 0 resolved)."""
-    return resolved_scale(cfg.query_encoder_lr_scale, getattr(cfg, "lr", None))
-
-
-def _as_config(cfg, config_class=RagConfig) -> RagConfig:
-    """fairseq hands a Namespace (CLI) or a DictConfig (hydra/checkpoint): make it a ``config_class``."""
-    if isinstance(cfg, config_class):
-        return cfg
-    values = {}
-    for name in config_class.__dataclass_fields__:
-        try:
-            value = getattr(cfg, name, None)
-        except Exception:  # an interpolation (``lr: ${optimization.lr}``) this config cannot resolve
-            value = None
-        if not name.startswith("_") and value is not None:
-            values[name] = value
-    return config_class(**values)
 
 
 class RagModel(BaseFairseqModel):
@@ -220,10 +113,10 @@ class RagModel(BaseFairseqModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def build_model(cls, cfg, task):
-        cfg = _as_config(cfg, cls.config_class)
+        cfg = as_config(cfg, cls.config_class)
         doc_side.check_options(cfg, task.cfg, cls.variant, getattr(task, "knowledge", None))
         dictionary = task.dictionary
-        generator = build_bart(GeneratorShape.of(cfg, init=_generator_init(cfg)), dictionary)
+        generator = build_bart(GeneratorShape.of(cfg, init=generator_init(cfg)), dictionary)
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
         query_encoder = None

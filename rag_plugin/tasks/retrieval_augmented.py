@@ -51,46 +51,33 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RetrievalAugmentedConfig(hybrid_options.HybridConfig,  # --fusion, ...
                                reindex_options.ReindexConfig):  # --reindex-every, ...
-    data: str = field(default="", metadata={"help": "directory with train.jsonl, valid.jsonl (and test.jsonl), "
-                                                    "KILT style: {id, input, output: [{answer, provenance}]}"})
-    knowledge: str = field(default="", metadata={"help": "knowledge source directory (rag-build-knowledge); "
-                                                         "at generation time another one with the same document "
-                                                         "encoder may be swapped in"})
-    n_docs: Optional[int] = field(
-        default=None, metadata={"help": "documents retrieved per question (K); 0 = closed-book BART. Default: 5 in "
-                                        "training; at generation (--path) the K the checkpoint was trained with"})
-    retriever: ChoiceEnum(["dense", "bm25", "hybrid"]) = field(
-        default="dense", metadata={"help": "dense (trainable query encoder, MIPS), bm25 (fixed; BM25 scores as "
-                                           "logits of p(z|x), the paper's ablation) or hybrid (dense and BM25 "
-                                           "candidates fused, see --fusion; the query encoder trained through the "
-                                           "dense side)"})
+    data: str = field(default="", metadata={
+        "help": "directory with train.jsonl, valid.jsonl (and test.jsonl), KILT style"})
+    knowledge: str = field(default="", metadata={
+        "help": "knowledge source directory (rag-build-knowledge); one with the same encoder may be swapped in later"})
+    n_docs: Optional[int] = field(default=None, metadata={
+        "help": "documents retrieved per question (K; 0 = closed book); default 5, or the checkpoint's with --path"})
+    retriever: ChoiceEnum(["dense", "bm25", "hybrid"]) = field(default="dense", metadata={
+        "help": "dense (trainable query encoder, MIPS), bm25 (fixed) or hybrid (the two fused, see --fusion)"})
     nprobe: Optional[int] = field(default=None, metadata={"help": "IVF lists visited per search"})
     ef_search: Optional[int] = field(default=None, metadata={"help": "HNSW search breadth"})
     private_index: bool = field(default=False, metadata={
-        "help": "read a private copy of the FAISS index into this process instead of mapping it read-only, shared "
-                "by every process of the node (the default: same results, one copy per node)"})
+        "help": "read a private copy of the FAISS index instead of mapping it shared by the node's processes"})
     shard_placement: ChoiceEnum(["rank", "node", "local"]) = field(default="rank", metadata={
-        "help": "for a knowledge source built in shards (--num-shards), in a job of several processes: each rank "
-                "holds its own shards and the ranks search together (rank), every rank of a node holds the node's "
-                "shards (node), or every rank holds every shard (local: no collective search)"})
+        "help": "a sharded knowledge source in a job: each rank holds its shards (rank), each node (node), or all"})
     max_query_tokens: int = field(default=64, metadata={"help": "question length for the query encoder"})
-    rag_decoding: ChoiceEnum(["thorough", "fast"]) = field(
-        default="thorough", metadata={"help": "RAG-Sequence decoding: thorough (every hypothesis scored under every "
-                                              "document) or fast (p(y|x,z)=0 where y was not in z's beam)"})
-    provenance_out: Optional[str] = field(
-        default=None, metadata={"help": "generation: also write the retrieved documents of every sample as JSON lines"})
-    doc_posterior_out: Optional[str] = field(
-        default=None, metadata={"help": "generation, rag_token: write each answer's per-token document posterior "
-                                        "as JSON lines (plot with rag-plot-posterior)"})
-    progress_interval: float = field(
-        default=30.0, metadata={"help": "generation: log the questions answered, seconds per question and time left "
-                                        "every this many seconds (0: after every batch; -1: never)"})
-    train_all_answers: bool = field(default=False, metadata={"help": "one training example per gold answer alias "
-                                                                      "(default: the first answer only)"})
-    target_format: ChoiceEnum(["plugin", "hf"]) = field(
-        default="plugin", metadata={"help": "plugin: the decoder starts with </s> (as in generation); hf: with <s>, "
-                                            "scoring 'answer </s>' (transformers' finetune_rag objective, to fine-tune "
-                                            "a converted model on it; see rag_plugin/core/input_format.py)"})
+    rag_decoding: ChoiceEnum(["thorough", "fast"]) = field(default="thorough", metadata={
+        "help": "RAG-Sequence decoding: thorough (every hypothesis under every document) or fast"})
+    provenance_out: Optional[str] = field(default=None, metadata={
+        "help": "generation: also write the retrieved documents of every sample as JSON lines"})
+    doc_posterior_out: Optional[str] = field(default=None, metadata={
+        "help": "generation, rag_token: write each answer's per-token document posterior as JSON lines"})
+    progress_interval: float = field(default=30.0, metadata={
+        "help": "generation: log progress every this many seconds (0: every batch; -1: never)"})
+    train_all_answers: bool = field(default=False, metadata={
+        "help": "one training example per gold answer alias (default: the first answer only)"})
+    target_format: ChoiceEnum(["plugin", "hf"]) = field(default="plugin", metadata={
+        "help": "plugin: the decoder starts with </s>; hf: with <s> (transformers' finetune_rag objective)"})
     seed: int = II("common.seed")
     quiet: bool = II("common_eval.quiet")
     post_process: Optional[str] = II("common_eval.post_process")

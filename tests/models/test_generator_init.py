@@ -8,7 +8,7 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.modules import MultiheadAttention  # noqa: E402
 
 from rag_plugin.models.generator import GeneratorShape, build_bart  # noqa: E402
-from rag_plugin.models.rag import RagConfig, _generator_init  # noqa: E402
+from rag_plugin.models.rag_config import RagConfig, generator_init  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 
 
@@ -63,4 +63,4 @@ def test_unknown_init_and_positions_are_user_errors():
                                                 ("large", "auto", "bart"), ("tiny", "bart", "bart"),
                                                 ("base", "xavier", "xavier")])
 def test_auto_init_is_xavier_for_tiny_only(size, init, expected):
-    assert _generator_init(RagConfig(generator_size=size, generator_init=init)) == expected
+    assert generator_init(RagConfig(generator_size=size, generator_init=init)) == expected
