@@ -38,11 +38,11 @@ from typing import Callable, Optional
 import torch
 
 from rag_plugin.conversion import hf_bart
-from rag_plugin.conversion.hf_rag_folder import RagFolder, question_tokenizer_files, read_json, read_rag_folder
+from rag_plugin.conversion.hf_rag_folder import RagFolder, question_tokenizer_files, read_rag_folder
+from rag_plugin.indexing.converted_checkpoint import FORMAT, RECORD
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_directory, atomic_path, atomic_write_json, atomic_write_text
 
-FORMAT = "rag_plugin.hf_rag_conversion/1"
 #: BART's special ids, which the plugin's dictionary fixes
 SPECIAL_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 #: the question length DPR encoders get in the plugin by default (DPR's passage length)
@@ -207,7 +207,7 @@ def write_records(folder: Path, final: Path, source: RagFolder, preset: Optional
         "generator": {"preset": preset, **source.dims},
     }
     atomic_write_json(folder / "input_format.json", fmt)
-    atomic_write_json(folder / "conversion.json", record)
+    atomic_write_json(folder / RECORD, record)
     return record
 
 
@@ -241,16 +241,3 @@ def convert_hf_rag(hf_dir: str, out_dir: str, input_format: str = "hf", variant:
         f"d={dims['embed_dim']}, vocabulary {dims['vocab_size']}, question encoder dim {query.dim}, "
         f"input format {source.input_format.name}")
     return record
-
-
-def read_conversion(directory: str) -> dict:
-    """The ``conversion.json`` of a converted checkpoint directory, with absolute file paths."""
-    d = Path(directory)
-    record = read_json(d / "conversion.json")
-    if record.get("format") != FORMAT:
-        raise UserError("not a converted RAG checkpoint directory (conversion.json of another format)",
-                        path=str(d / "conversion.json"), fix="pass the --out folder of rag-convert-hf")
-    files = {k: str(d / v) for k, v in record["generator_tokenizer"].items()}
-    return {**record, "files": files, "input_format_file": str(d / "input_format.json"),
-            "checkpoint": str(d / "checkpoint.pt")}
-
