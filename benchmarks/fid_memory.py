@@ -32,7 +32,8 @@ def build_world(work: Path, words: int) -> dict:
     import numpy as np
 
     from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 
     ks = work / "ks"
     world = {"data": str(work / "qa"), "ks": str(ks)}
@@ -60,8 +61,9 @@ def build_world(work: Path, words: int) -> dict:
     write_fairseq_dict_from_spm(work / "spm.model", work / "dict.txt")
     settings = BuildSettings(passages=str(work / "passages.jsonl"),
                              encoder="random:dim=64,layers=1,heads=2,intermediate=128,seed=0",
-                             index_factory="Flat", dict=str(work / "dict.txt"), bpe_model=str(work / "spm.model"))
-    build_knowledge_source(str(ks), settings, progress=False, log=lambda m: None)
+                             index_factory="Flat", tokenizer=GeneratorTokenizerFiles(
+                                 dict=str(work / "dict.txt"), bpe_model=str(work / "spm.model")))
+    build_knowledge_source(str(ks), settings, BuildOptions(progress=False, log=lambda m: None))
     return world
 
 

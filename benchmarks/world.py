@@ -151,7 +151,8 @@ def generator_token_counter(gdir: Path):
 # ----------------------------------------------------------------------------- build
 def build(cache: str, log=print) -> Path:
     """Build the world (or return it when it is already complete: ``DONE`` is written last)."""
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 
     out = world_dir(cache)
     if (out / "DONE").is_file():
@@ -177,9 +178,10 @@ def build(cache: str, log=print) -> Path:
     gdir = out / "generator"
     settings = BuildSettings(passages=str(out / "passages.jsonl"),
                              encoder=encoder_spec((out / "question_encoder" / "vocab.txt").resolve()),
-                             index_factory="Flat", dict=str(gdir / "dict.txt"),
-                             gpt2_encoder_json=str(gdir / "vocab.json"), gpt2_vocab_bpe=str(gdir / "merges.txt"))
-    build_knowledge_source(str(out / "ks"), settings, progress=True, log=log, batch_size=128)
+                             index_factory="Flat", tokenizer=GeneratorTokenizerFiles(
+                                 dict=str(gdir / "dict.txt"), gpt2_encoder_json=str(gdir / "vocab.json"),
+                                 gpt2_vocab_bpe=str(gdir / "merges.txt")))
+    build_knowledge_source(str(out / "ks"), settings, BuildOptions(progress=True, log=log, batch_size=128))
     (out / "DONE").write_text(json.dumps({"spec": SPEC, "version": VERSION}) + "\n")
     log(f"world built in {time.perf_counter() - t0:.0f}s -> {out}")
     return out

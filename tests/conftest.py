@@ -113,9 +113,10 @@ def assert_one_line_error(proc, *needles):
 def build_hashing_knowledge_source(tmp_path, n=300, factory="Flat", num_shards=1, name="ks", **kw):
     """A knowledge source of ``n`` synthetic passages embedded by :class:`HashingEncoder` (seconds),
     its index in ``num_shards`` shards, in ``tmp_path/name``."""
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
 
     src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(n))
     settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory, num_shards=num_shards)
-    return build_knowledge_source(str(tmp_path / name), settings, encoder=HashingEncoder(),
-                                  shard_size=64, progress=False, log=lambda m: None, **kw)
+    return build_knowledge_source(str(tmp_path / name), settings,
+                                  BuildOptions(shard_size=64, progress=False, log=lambda m: None, **kw),
+                                  BuildHooks(encoder=HashingEncoder()))

@@ -2,9 +2,9 @@
 looks valid.
 
 One table, one row per case: the bad files a case writes into its own directory, the command
-as a user would type it (``scripts/*.py`` or ``fairseq-train``/``fairseq-generate`` with
-``--user-dir rag_plugin``), and the words the error line must hold (the file, ``file:line``
-where a line is at fault, and the fact). Every case must:
+as a user would type it (a console script such as ``rag-build-knowledge``, or
+``fairseq-train``/``fairseq-generate`` with ``--user-dir rag_plugin``), and the words the error
+line must hold (the file, ``file:line`` where a line is at fault, and the fact). Every case must:
 
 * exit with status 2;
 * print exactly one non-empty line on stderr, ``error: <file>[:<line>]: <what> (<fix>)``, once
@@ -38,7 +38,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
 BIN = Path(sys.executable).parent
 FAST_ENCODER = "random:dim=8,layers=1,heads=1,intermediate=16,seed=0"
 
@@ -68,8 +67,9 @@ class Case:
 
 
 # ------------------------------------------------------------------------------------ commands
-def py(script: str, *args) -> List[str]:
-    return [sys.executable, str(SCRIPTS / script), *map(str, args)]
+def script(program: str, *args) -> List[str]:
+    """A console script of the plugin, as installed beside this Python."""
+    return [str(BIN / program), *map(str, args)]
 
 
 def fairseq_train(world, data, save_dir, knowledge=None, arch="rag_token_tiny", n_docs=3, extra=()):
@@ -124,12 +124,12 @@ def edit_manifest(ks: Path, **changes) -> None:
 
 
 def build(d, passages, *extra, out="ks_out"):
-    return py("build_knowledge_source.py", "--passages", passages, "--out", out, "--encoder", FAST_ENCODER,
+    return script("rag-build-knowledge", "--passages", passages, "--out", out, "--encoder", FAST_ENCODER,
               "--quiet", *extra)
 
 
 def search(ks, *extra):
-    return py("search.py", "--knowledge", ks, "--query", "What is the capital?", *extra)
+    return script("rag-search", "--knowledge", ks, "--query", "What is the capital?", *extra)
 
 
 def data_dir(world, d: Path, train_rows) -> Path:
@@ -184,16 +184,16 @@ def case_table() -> List[Case]:
         return build(d, "psgs.jsonl", "--reuse-vectors-from", w["ks"])
 
     def b_reuse_other_max_length(d, w):
-        from rag_plugin.indexing import BuildSettings, build_knowledge_source
+        from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         build_knowledge_source(str(d / "old"), BuildSettings(passages=str(d / "psgs.jsonl"), encoder=FAST_ENCODER),
-                               progress=False, log=lambda m: None)
+                               BuildOptions(progress=False, log=lambda m: None))
         return build(d, "psgs.jsonl", "--encoder", FAST_ENCODER + ",max_length=8", "--reuse-vectors-from", "old")
 
     def b_same_file_twice(d, w):
         lines(d / "psgs.jsonl", PSG)
-        return py("build_knowledge_source.py", "--passages", "psgs.jsonl", "psgs.jsonl", "--out", "ks_out",
+        return script("rag-build-knowledge", "--passages", "psgs.jsonl", "psgs.jsonl", "--out", "ks_out",
                   "--encoder", FAST_ENCODER, "--quiet")
 
     def dpr_encoder(d, seed):  # hf-dpr:DIR, written again with other weights at the same path
@@ -204,16 +204,16 @@ def case_table() -> List[Case]:
         return f"hf-dpr:{d / 'dpr'}"
 
     def b_encoder_changed(d, w):
-        from rag_plugin.indexing import BuildSettings, build_knowledge_source
+        from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
 
         lines(d / "psgs.jsonl", PSG)
         build_knowledge_source(str(d / "ks_out"), BuildSettings(passages=str(d / "psgs.jsonl"),
                                                                 encoder=dpr_encoder(d, 0)),
-                               progress=False, log=lambda m: None)
+                               BuildOptions(progress=False, log=lambda m: None))
         return build(d, "psgs.jsonl", "--encoder", dpr_encoder(d, 1))
 
     def b_resume_encoder_changed(d, w):
-        from rag_plugin.indexing import BuildSettings, build_knowledge_source
+        from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
         from rag_plugin.retrieval.encoders import load_encoder
 
         lines(d / "psgs.jsonl", PSG)
@@ -222,7 +222,7 @@ def case_table() -> List[Case]:
         interrupted.encode_passages = lambda *a, **k: 1 / 0  # the build stops while embedding
         try:
             build_knowledge_source(str(d / "ks_out"), BuildSettings(passages=str(d / "psgs.jsonl"), encoder=spec),
-                                   encoder=interrupted, progress=False, log=lambda m: None)
+                                   BuildOptions(progress=False, log=lambda m: None), BuildHooks(encoder=interrupted))
         except ZeroDivisionError:
             pass
         return build(d, "psgs.jsonl", "--encoder", dpr_encoder(d, 1))
@@ -286,7 +286,7 @@ def case_table() -> List[Case]:
 
     def s_empty_question(d, w):
         lines(d / "questions.txt", ["What is the capital of X?", "  ", "Where is Y?"])
-        return py("search.py", "--knowledge", w["ks"], "--queries", "questions.txt")
+        return script("rag-search", "--knowledge", w["ks"], "--queries", "questions.txt")
 
     def s_pickle_file(d, w):
         import pickle
@@ -311,68 +311,69 @@ def case_table() -> List[Case]:
 
     def e_ids(d, w):
         lines(d / "guess.jsonl", [{"id": f"other{i}", "output": [{"answer": "x"}]} for i in range(5)])
-        return py("evaluate.py", "--gold", w["data"] / "test.jsonl", "--guess", "guess.jsonl", "--task", "qa",
+        return script("rag-evaluate", "--gold", w["data"] / "test.jsonl", "--guess", "guess.jsonl", "--task", "qa",
                   "--json-out", "scores.json")
 
     def e_index_outside(d, w):
         lines(d / "gen.txt", [f"H-{i}\t-0.5\tx\nD-{i}\t-0.5\tx" for i in range(6)])
-        return py("evaluate.py", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt", "--json-out",
+        return script("rag-evaluate", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt", "--json-out",
                   "scores.json")
 
     def e_gold_field(d, w):
         lines(d / "gold.jsonl", [QA, {"id": "x2", "output": [{"answer": "Z"}]}])
         lines(d / "guess.jsonl", [{"id": "x1", "output": [{"answer": "Y"}]}])
-        return py("evaluate.py", "--gold", "gold.jsonl", "--guess", "guess.jsonl")
+        return script("rag-evaluate", "--gold", "gold.jsonl", "--guess", "guess.jsonl")
 
     def e_empty_target(d, w):
         lines(d / "gold.jsonl", [QA, {"id": "x2", "input": "Who?", "output": [{"answer": ""}]}])
         lines(d / "guess.jsonl", [{"id": "x1", "output": [{"answer": "Y"}]}])
-        return py("evaluate.py", "--gold", "gold.jsonl", "--guess", "guess.jsonl")
+        return script("rag-evaluate", "--gold", "gold.jsonl", "--guess", "guess.jsonl")
 
     def e_guess_utf8(d, w):
         lines(d / "gen.txt", b"S-0\tq\nD-0\t-0.5\tan\xff\xfeswer\n", raw=True)
-        return py("evaluate.py", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt")
+        return script("rag-evaluate", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt")
 
     def e_guess_empty(d, w):
         (d / "gen.txt").write_text("")
-        return py("evaluate.py", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt")
+        return script("rag-evaluate", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt")
 
     def e_z_line(d, w):
         rows = [f"H-{i}\t-0.5\tx\nD-{i}\t-0.5\tx" for i in range(5)] + ["Z-3\t0\t1.7\tc3\tTitle"]
         lines(d / "gen.txt", rows)
-        return py("evaluate.py", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt")
+        return script("rag-evaluate", "--gold", w["data"] / "test.jsonl", "--guess", "gen.txt")
 
     def l_pair(d, w):
-        return py("leaderboard.py", "--gold", w["data"] / "test.jsonl", "--system", "rag_token")
+        return script("rag-leaderboard", "--gold", w["data"] / "test.jsonl", "--system", "rag_token")
 
     def l_one_bad_system(d, w):
         lines(d / "good.jsonl", [{"id": f"q{i}", "output": [{"answer": "x"}]} for i in range(35, 40)])
         lines(d / "bad.jsonl", [{"id": f"q{i}", "output": [{"answer": "x"}]} for i in range(35, 39)])
-        return py("leaderboard.py", "--gold", w["data"] / "test.jsonl", "--system", "good=good.jsonl",
+        return script("rag-leaderboard", "--gold", w["data"] / "test.jsonl", "--system", "good=good.jsonl",
                   "--system", "bad=bad.jsonl", "--json-out", "board.json", "--md-out", "board.md")
 
     def p_nq_utf8(d, w):
         lines(d / "nq.csv", b"who is x\t['a']\nwhat is \xff\t['b']\n", raw=True)
-        return py("prepare.py", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
+        return script("rag-prepare", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
 
     def p_nq_columns(d, w):
         lines(d / "nq.csv", ["who is x\t['a']", "what is y"])
-        return py("prepare.py", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
+        return script("rag-prepare", "nq", "--out", "nq", "--train", "nq.csv", "--dev", "nq.csv", "--quiet")
 
     def p_kilt_cut(d, w):
         rows = [json.dumps({"id": f"t{i}", "input": "q?", "output": [{"answer": "a"}]}) for i in range(3)]
         (d / "kilt.jsonl").write_text("\n".join(rows)[:-20])
-        return py("prepare.py", "triviaqa", "--out", "tqa", "--train", "kilt.jsonl", "--dev", "kilt.jsonl", "--quiet")
+        return script("rag-prepare", "triviaqa", "--out", "tqa", "--train", "kilt.jsonl", "--dev", "kilt.jsonl",
+                      "--quiet")
 
     def p_missing_out(d, w):
-        return py("prepare.py", "webquestions", "--train", "wq.json")
+        return script("rag-prepare", "webquestions", "--train", "wq.json")
 
     def p_pickled_vectors(d, w):
         import pickle
 
         lines(d / "psgs.tsv", ["id\ttext\ttitle", "1\talpha\tA"])
         (d / "vectors.pkl").write_bytes(pickle.dumps(Evil(d / "PWNED")))
-        return py("import_hf_knowledge.py", "--passages", "psgs.tsv", "--vectors", "vectors.pkl", "--out", "ks_out",
+        return script("rag-import-knowledge", "--passages", "psgs.tsv", "--vectors", "vectors.pkl", "--out", "ks_out",
                   "--encoder-spec", FAST_ENCODER)
 
     def t_arch(d, w):
@@ -631,18 +632,19 @@ def check(case: Case, out: Outcome) -> List[str]:
 def bad_input_world(tiny_world, tmp_path_factory):
     """The tiny world, a checkpoint trained on it (1 update), and two more knowledge sources:
     one with another document encoder (dim 16), one of 3 passages."""
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 
     root = tmp_path_factory.mktemp("bad_inputs")
     world = dict(tiny_world)
-    tok = dict(dict=str(world["root"] / "dict.txt"), bpe_model=str(world["root"] / "spm.model"))
+    tok = GeneratorTokenizerFiles(dict=str(world["root"] / "dict.txt"), bpe_model=str(world["root"] / "spm.model"))
+    quiet = BuildOptions(progress=False, log=lambda m: None)
     build_knowledge_source(str(root / "ks16"), BuildSettings(
         passages=str(world["root"] / "passages.jsonl"), index_factory="Flat",
-        encoder="random:dim=16,layers=1,heads=2,intermediate=64,seed=0", **tok), progress=False, log=lambda m: None)
+        encoder="random:dim=16,layers=1,heads=2,intermediate=64,seed=0", tokenizer=tok), quiet)
     lines(root / "three.jsonl", PSG)
     build_knowledge_source(str(root / "ks3"), BuildSettings(passages=str(root / "three.jsonl"),
-                                                            encoder=FAST_ENCODER, **tok),
-                           progress=False, log=lambda m: None)
+                                                            encoder=FAST_ENCODER, tokenizer=tok), quiet)
     proc = subprocess.run(fairseq_train(world, world["data"], root / "ckpt"), cwd=root, env=env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -103,7 +103,8 @@ def test_hub_reload_of_a_model_cast_to_half_precision_with_a_trained_document_en
 
     import torch
 
-    from rag_plugin.indexing.reembed import reembed
+    from rag_plugin.indexing import BuildOptions
+    from rag_plugin.indexing.reembed import Reembedding, reembed
     from tests.models.test_doc_encoder import _model, _perturb, _task
 
     shutil.copytree(tiny_world["data"], tmp_path / "qa")
@@ -120,8 +121,9 @@ def test_hub_reload_of_a_model_cast_to_half_precision_with_a_trained_document_en
     other = copy.deepcopy(served.doc_encoder).float()
     _perturb(other)
     quiet = {"progress": False, "log": lambda m: None}
-    reembed(str(world["ks"]), {k: v.float() for k, v in other.state_dict().items()}, what="another tower", **quiet)
+    reembed(str(world["ks"]), {k: v.float() for k, v in other.state_dict().items()}, Reembedding("another tower"),
+            BuildOptions(**quiet))
     with pytest.raises(UserError, match="document encoder differs from the vectors of .* version 2"):
         rag.reload()
-    reembed(str(world["ks"]), own, what="the served tower", **quiet)
+    reembed(str(world["ks"]), own, Reembedding("the served tower"), BuildOptions(**quiet))
     assert rag.reload() == 3 and rag.version == 3

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.retriever import DenseRetriever
 from rag_plugin.util.errors import UserError
@@ -45,7 +45,7 @@ BUILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
     from tests.conftest import HashingEncoder
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
 
     class Slow(HashingEncoder):
         def encode_passages(self, titles, texts, **kw):
@@ -53,7 +53,8 @@ BUILD = textwrap.dedent("""
             return super().encode_passages(titles, texts)
 
     s = BuildSettings(passages={src!r}, encoder="hashing", index_factory="Flat")
-    build_knowledge_source({out!r}, s, encoder=Slow(), shard_size=50, progress=False, log=print)
+    build_knowledge_source({out!r}, s, BuildOptions(shard_size=50, progress=False, log=print),
+                           BuildHooks(encoder=Slow()))
     print("BUILT", flush=True)
 """)
 
@@ -109,7 +110,8 @@ def test_build_killed_at_every_stage_never_loads_half_built_and_resumes(tmp_path
     ks = KnowledgeSource(str(out))
     assert len(ks) == n and not (out / ".build").exists()
     fresh = build_knowledge_source(str(tmp_path / "fresh"), BuildSettings(passages=str(src), encoder="hashing"),
-                                   encoder=HashingEncoder(), shard_size=50, progress=False, log=lambda m: None)
+                                   BuildOptions(shard_size=50, progress=False, log=lambda m: None),
+                                   BuildHooks(encoder=HashingEncoder()))
     np.testing.assert_array_equal(np.asarray(ks.vectors), np.asarray(fresh.vectors))
     assert [ks.passages.id(i) for i in range(n)] == [fresh.passages.id(i) for i in range(n)]
     print("stages killed at:", stages)
@@ -121,8 +123,9 @@ def test_same_settings_and_seed_give_the_same_index_and_hits(tmp_path):
     for name in ("a", "b"):
         settings = BuildSettings(passages=str(src), encoder="hashing", index_factory="IVF8,Flat", seed=7,
                                  train_size=400)  # a sample of the vectors, drawn with the seed
-        built.append(build_knowledge_source(str(tmp_path / name), settings, encoder=HashingEncoder(),
-                                            progress=False, log=lambda m: None))
+        built.append(build_knowledge_source(str(tmp_path / name), settings,
+                                            BuildOptions(progress=False, log=lambda m: None),
+                                            BuildHooks(encoder=HashingEncoder())))
     assert (tmp_path / "a" / "index.faiss").read_bytes() == (tmp_path / "b" / "index.faiss").read_bytes()
     questions = [built[0].passages.text(i) for i in range(0, 600, 37)]
     hits = []

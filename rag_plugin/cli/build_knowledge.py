@@ -79,16 +79,16 @@ def main(argv=None) -> int:
     import torch
 
     from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
     from rag_plugin.indexing.distributed import BuildGroup
     from rag_plugin.indexing.embedding import embedding_device, embedding_encoder, embedding_record
     from rag_plugin.retrieval.index import set_faiss_threads
     from rag_plugin.retrieval.threads import faiss_thread_budget
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 
     passages = args.passages[0] if len(args.passages) == 1 else args.passages
     settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,
-                             split_words=args.split_words, dict=args.dict, bpe_model=args.bpe_model,
-                             gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
+                             split_words=args.split_words, tokenizer=GeneratorTokenizerFiles.from_args(args),
                              train_size=args.train_size, seed=args.seed, num_shards=args.num_shards,
                              input_format=InputFormat.parse(args.input_format).identity())
     group = BuildGroup.from_environment(args.dist_timeout)  # one process unless torchrun started several
@@ -99,10 +99,11 @@ def main(argv=None) -> int:
         # not all CPUs per process: torch's threads beside the encoder on the CPU (torchrun: its OMP_NUM_THREADS),
         # the cores per process on the node with the encoder on a GPU
         set_faiss_threads(args.threads or faiss_thread_budget(embedding_device(encoder)))
-        build_knowledge_source(args.out, settings, encoder=encoder, shard_size=args.shard_size,
-                               batch_size=args.batch_size, restart=args.restart, progress=not args.quiet,
-                               reuse_vectors_from=args.reuse_vectors_from, log=lambda m: print(m, file=sys.stderr),
-                               group=group, manifest_extra=embedding_record(encoder) or None)
+        options = BuildOptions(shard_size=args.shard_size, batch_size=args.batch_size, restart=args.restart,
+                               progress=not args.quiet, log=lambda m: print(m, file=sys.stderr), group=group)
+        hooks = BuildHooks(encoder=encoder, reuse_vectors_from=args.reuse_vectors_from,
+                           manifest_extra=embedding_record(encoder) or None)
+        build_knowledge_source(args.out, settings, options, hooks)
     finally:
         group.close()
     return 0

@@ -22,6 +22,7 @@ from rag_plugin.util.errors import cli_main
 
 
 def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
+    from rag_plugin.indexing.import_knowledge import IMPORT_SHARD_SIZE
     from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
 
     p = ArgumentParser(prog=prog, description=__doc__)
@@ -52,7 +53,8 @@ def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
     add_tokenizer_arguments(p, None, "unset: the --rag-checkpoint's, else plugin")
     p.add_argument("--index-factory", default="Flat", help="FAISS factory string when no --faiss-index is given")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
-    p.add_argument("--shard-size", type=int, default=65536, help="rows per vectors shard (the unit of resume)")
+    p.add_argument("--shard-size", type=int, default=IMPORT_SHARD_SIZE,
+                   help="rows per vectors shard (the unit of resume)")
     p.add_argument("--threads", type=int, default=None, help="FAISS threads; unset: all CPUs")
     p.add_argument("--restart", action="store_true", help="discard an unfinished import in --out and start over")
     p.add_argument("--seed", type=int, default=0, help="seed of the quantizer's training sample")
@@ -62,18 +64,21 @@ def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
 
 def run(args) -> int:
     """Import as ``args`` (parsed by :func:`build_parser`) say; reports on stderr."""
-    from rag_plugin.indexing.import_knowledge import import_knowledge
+    from rag_plugin.indexing import BuildOptions
+    from rag_plugin.indexing.import_knowledge import ImportRequest, import_knowledge
     from rag_plugin.retrieval.index import set_faiss_threads
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 
     set_faiss_threads(args.threads)
-    ks = import_knowledge(
-        args.out, dataset=args.dataset, passages=args.passages, vectors=args.vectors, ids=args.ids,
+    request = ImportRequest(
+        dataset=args.dataset, passages=args.passages, vectors=args.vectors, ids=args.ids,
         trust_pickles=args.trust_pickles, faiss_index=args.faiss_index, rag_checkpoint=args.rag_checkpoint,
-        encoder_spec=args.encoder_spec, encoder_identity=args.encoder_identity, dict_file=args.dict,
-        bpe_model=args.bpe_model, gpt2_encoder_json=args.gpt2_encoder_json, gpt2_vocab_bpe=args.gpt2_vocab_bpe,
-        input_format=args.input_format, index_factory=args.index_factory, train_size=args.train_size,
-        seed=args.seed, shard_size=args.shard_size, restart=args.restart, progress=not args.quiet,
-        log=lambda m: print(m, file=sys.stderr))
+        encoder_spec=args.encoder_spec, encoder_identity=args.encoder_identity,
+        tokenizer=GeneratorTokenizerFiles.from_args(args), input_format=args.input_format,
+        index_factory=args.index_factory, train_size=args.train_size, seed=args.seed)
+    options = BuildOptions(shard_size=args.shard_size, restart=args.restart, progress=not args.quiet,
+                           log=lambda m: print(m, file=sys.stderr))
+    ks = import_knowledge(args.out, request, options)
     print(f"wrote {args.out}: {len(ks)} passages, dim {ks.dim}, index {ks.manifest['index_factory']}, "
           f"input format {ks.input_format.name}", file=sys.stderr)
     return 0

@@ -68,11 +68,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads or faiss_thread_budget(device))
     if args.reembed:
-        from rag_plugin.indexing.reembed import read_tower_state, reembed
+        from rag_plugin.indexing import BuildOptions
+        from rag_plugin.indexing.reembed import Reembedding, read_tower_state, reembed
         from rag_plugin.indexing.update import remove_old_versions
 
-        reembed(args.knowledge, read_tower_state(args.reembed), what=args.reembed, batch_size=args.batch_size,
-                device=device, fp16=args.fp16, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
+        job = Reembedding(args.reembed, device=device, fp16=args.fp16)
+        options = BuildOptions(batch_size=args.batch_size, progress=not args.quiet,
+                               log=lambda m: print(m, file=sys.stderr))
+        reembed(args.knowledge, read_tower_state(args.reembed), job, options)
         if args.keep:
             remove_old_versions(Path(args.knowledge), args.keep, lambda m: print(m, file=sys.stderr))
         return 0

@@ -7,23 +7,26 @@ resumable shards -> FAISS index -> manifest, last.
 encoder's identity (:mod:`~rag_plugin.indexing.settings`): other weights behind the same
 ``--encoder`` are refused, never mixed.
 
-Hooks for sources that are not (only) text files to embed: ``collection`` (passages from another
+Three small objects say what a build does: :class:`BuildSettings` what the source holds (its
+fingerprint), :class:`BuildOptions` how the build runs (chunk and batch sizes, restart, progress, log,
+the processes it is split over) and :class:`BuildHooks` what it takes besides text files to embed with
+``settings.encoder``: an encoder object, vectors to reuse, ``collection`` (passages from another
 reader, e.g. a Hugging Face dataset), ``precomputed``
 (:class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`: document vectors computed elsewhere,
-placed by passage id, in place of an encoder) and ``BuildSettings.index_file`` (an existing FAISS
-index over the same rows, checked and used instead of building one); ``BuildSettings.input_format``
-says which generator input format the passages are pre-tokenized for (see
-:mod:`rag_plugin.core.input_format`).
+placed by passage id, in place of an encoder), an update's trained quantizer and more manifest
+entries. ``BuildSettings.index_file`` is an existing FAISS index over the same rows, checked and used
+instead of building one; ``BuildSettings.input_format`` says which generator input format the passages
+are pre-tokenized for (see :mod:`rag_plugin.core.input_format`).
 
-``group`` (:class:`~rag_plugin.indexing.distributed.BuildGroup`): the processes of a torchrun job the build is
-split over. Rank 0 does the checks, the passage store, gathering the vectors and the manifest; every rank
+``BuildOptions.group`` (:class:`~rag_plugin.indexing.distributed.BuildGroup`): the processes of a torchrun job
+the build is split over. Rank 0 does the checks, the passage store, gathering the vectors and the manifest; every rank
 embeds its share of the missing chunks and builds the index shards it owns. One process is the same
 sequence with no one to wait for.
 """
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Tuple
 
@@ -57,6 +60,36 @@ from rag_plugin.util.errors import UserError
 
 
 @dataclass
+class BuildOptions:
+    """How a build runs; none of it decides the source's content."""
+
+    shard_size: int = 2048  # passages per embedding chunk: the unit of resume and of a distributed build's work
+    batch_size: int = 64  # encoder batch size
+    restart: bool = False  # discard an unfinished build in the output directory and start over
+    progress: bool = True  # progress bars (rank 0 only)
+    log: Callable[[str], None] = print  # where progress lines go (rank 0 only)
+    group: Optional[BuildGroup] = None  # the processes the build is split over (None: this one)
+
+
+@dataclass
+class BuildHooks:
+    """What a build takes besides text files to embed with ``settings.encoder`` (see the module docstring)."""
+
+    encoder: object = None  # a loaded document encoder in place of settings.encoder
+    reuse_vectors_from: Optional[str] = None  # a source with the same encoder: vectors of unchanged passages copied
+    collection: Optional[Callable[[], Iterable]] = None  # the passages, in place of reading settings.passages
+    precomputed: object = None  # PrecomputedVectors made elsewhere, in place of an encoder
+    index_template: object = None  # an empty FAISS index with a trained quantizer (an update keeps its source's)
+    manifest_extra: Optional[dict] = None  # more manifest entries
+
+    def check(self, group: BuildGroup) -> None:
+        if self.precomputed is not None and (self.encoder is not None or self.reuse_vectors_from):
+            raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
+        if self.precomputed is not None and group.world > 1:
+            raise ValueError("precomputed vectors are placed by one process: build with one")
+
+
+@dataclass
 class _Run:
     """One build's output directory and options, as the stages after the checks need them."""
 
@@ -67,7 +100,7 @@ class _Run:
     progress: bool
     log: Callable[[str], None]
     group: BuildGroup
-    index_template: object = None  # an update's trained quantizer (_Hooks)
+    index_template: object = None  # an update's trained quantizer (BuildHooks)
 
 
 @dataclass
@@ -95,17 +128,6 @@ class _Prepared:
 
 
 @dataclass
-class _Hooks:
-    """The library's hooks for sources that are not (only) text files to embed (see the module docstring)."""
-
-    reuse_vectors_from: Optional[str] = None
-    collection: Optional[Callable[[], Iterable]] = None
-    precomputed: object = None
-    index_template: object = None
-    manifest_extra: Optional[dict] = None
-
-
-@dataclass
 class _Vectors:
     """What the embedding stage hands on: the vectors' memory map and the identity of their encoder."""
 
@@ -114,33 +136,18 @@ class _Vectors:
     seconds: float
 
 
-def build_knowledge_source(out_dir: str, settings: BuildSettings, encoder=None,
-                           shard_size: int = 2048, batch_size: int = 64, restart: bool = False,
-                           progress: bool = True, log=print, reuse_vectors_from: Optional[str] = None,
-                           collection: Optional[Callable[[], Iterable]] = None, precomputed=None,
-                           index_template=None, manifest_extra: Optional[dict] = None,
-                           group: Optional[BuildGroup] = None) -> KnowledgeSource:
-    """Build (or resume building) a knowledge source in ``out_dir``.
-
-    ``reuse_vectors_from``: an existing knowledge source with the same document encoder whose
-    vectors are copied for unchanged passages (an updated collection re-embeds only what changed).
-    ``collection``: a callable returning the passages (:class:`Passage` items) in place of
-    reading ``settings.passages`` (which still name the input files, for the fingerprint).
-    ``precomputed``: a :class:`~rag_plugin.indexing.precomputed.PrecomputedVectors`, document
-    vectors computed elsewhere, in place of ``encoder``.
-    ``index_template``: an empty FAISS index whose quantizer is already trained (an update keeps its
-    source's), copied and given the vectors instead of training one. ``manifest_extra``: more manifest entries.
-    ``group``: the processes the build is split over (default: this one); only rank 0 logs and shows progress.
-    """
-    group = group or BuildGroup()
-    if precomputed is not None and (encoder is not None or reuse_vectors_from):
-        raise ValueError("precomputed vectors replace the encoder (and vector reuse)")
-    if precomputed is not None and group.world > 1:
-        raise ValueError("precomputed vectors are placed by one process: build with one")
-    hooks = _Hooks(reuse_vectors_from, collection, precomputed, index_template, manifest_extra)
+def build_knowledge_source(out_dir: str, settings: BuildSettings, options: Optional[BuildOptions] = None,
+                           hooks: Optional[BuildHooks] = None) -> KnowledgeSource:
+    """Build (or resume building) a knowledge source in ``out_dir``: ``settings`` say what it holds,
+    ``options`` how the build runs, ``hooks`` what it takes besides text files to embed (see the module
+    docstring). Only rank 0 of ``options.group`` logs and shows progress."""
+    options, hooks = options or BuildOptions(), hooks or BuildHooks()
+    group = options.group or BuildGroup()
+    hooks.check(group)
+    options = replace(options, group=group, progress=options.progress and group.is_main,
+                      log=options.log if group.is_main else _quiet)
     build = _build if group.is_main else _build.__wrapped__  # rank 0 alone cleans up after bad input
-    return build(out_dir, settings, encoder, shard_size, batch_size, restart, progress and group.is_main,
-                 log if group.is_main else _quiet, hooks, group)
+    return build(out_dir, settings, options, hooks)
 
 
 def _quiet(message: str) -> None:
@@ -148,31 +155,30 @@ def _quiet(message: str) -> None:
 
 
 @discard_unstarted_build_on_error
-def _build(out_dir, settings: BuildSettings, encoder, shard_size: int, batch_size: int, restart: bool,
-           progress: bool, log, hooks: _Hooks, group: BuildGroup) -> KnowledgeSource:
-    """The stages, in order, each on rank 0 or on every rank (:class:`BuildGroup`)."""
-    out = Path(out_dir)
-    prepared, plan = group.on_main(lambda: _prepare(out, settings, encoder, shard_size, batch_size, restart,
-                                                    hooks, progress, log, group.world))
+def _build(out_dir, settings: BuildSettings, options: BuildOptions, hooks: BuildHooks) -> KnowledgeSource:
+    """The stages, in order, each on rank 0 or on every rank (``options.group``, :class:`BuildGroup`)."""
+    out, group = Path(out_dir), options.group
+    prepared, plan = group.on_main(lambda: _prepare(out, settings, options, hooks))
     if plan.done:
         return KnowledgeSource(str(out))
-    run = _Run(out, settings, plan.shard_size, plan.batch_size, progress, log, group, hooks.index_template)
+    run = _Run(out, settings, plan.shard_size, plan.batch_size, options.progress, options.log, group,
+               hooks.index_template)
     if hooks.precomputed is not None:
         vectors = _place_vectors(run, prepared.store, hooks.precomputed)
     else:
-        vectors = _embed_vectors(run, plan, prepared, encoder, hooks.reuse_vectors_from)
+        vectors = _embed_vectors(run, plan, prepared, hooks.encoder, hooks.reuse_vectors_from)
     index_factory, index_extra = _write_index(run, vectors.array)
     group.on_main(lambda: (_finish(run, prepared, vectors, index_factory, index_extra, hooks), None))
     return KnowledgeSource(str(out))
 
 
-def _prepare(out: Path, settings: BuildSettings, encoder, shard_size: int, batch_size: int, restart: bool,
-             hooks: _Hooks, progress: bool, log, world: int) -> Tuple[Optional[_Prepared], _Plan]:
+def _prepare(out: Path, settings: BuildSettings, options: BuildOptions,
+             hooks: BuildHooks) -> Tuple[Optional[_Prepared], _Plan]:
     """Rank 0, before any vector is made: the checks, the build state, the passage store and the plan."""
-    precomputed = hooks.precomputed
+    precomputed, encoder, log = hooks.precomputed, hooks.encoder, options.log
     stages.check_passage_files(settings)
     fingerprint = settings.fingerprint()
-    mode, recorded = check_out_dir(out, fingerprint, restart)
+    mode, recorded = check_out_dir(out, fingerprint, options.restart)
     encoder, identity = _check_existing_vectors(out, mode, recorded, settings, encoder, precomputed)
     if mode == "done":
         log(f"{out}: knowledge source is up to date")
@@ -181,20 +187,20 @@ def _prepare(out: Path, settings: BuildSettings, encoder, shard_size: int, batch
     if precomputed is None:
         encoder, identity = _encoder_and_identity(settings, encoder, identity)
         fingerprint = {**fingerprint, ENCODER_IDENTITY: passage_side(identity)}
-    shard_size = stages.start_build_state(out, mode, recorded, fingerprint, shard_size, log)
+    shard_size = stages.start_build_state(out, mode, recorded, fingerprint, options.shard_size, log)
     store = stages.write_passage_store(out, settings, hooks.collection, tokenizer, input_format,
-                                       fingerprint["passages"], progress, log)
+                                       fingerprint["passages"], options.progress, log)
     shard_bounds(len(store), settings.num_shards)  # more index shards than passages: refused before embedding
     starts, todo = _chunks(out, store, shard_size, None if precomputed is not None else int(encoder.dim))
     if precomputed is None:
         _check_factory(settings, int(encoder.dim), len(store))
-    token = write_job_token(out) if world > 1 else ""
-    plan = _Plan(False, shard_size, batch_size, tuple(starts), tuple(todo), identity, token)
+    token = write_job_token(out) if options.group.world > 1 else ""
+    plan = _Plan(False, shard_size, options.batch_size, tuple(starts), tuple(todo), identity, token)
     return _Prepared(fingerprint, tokenizer, store, encoder), plan
 
 
 def _finish(run: _Run, prepared: _Prepared, vectors: _Vectors, index_factory: str, index_extra: dict,
-            hooks: _Hooks) -> None:
+            hooks: BuildHooks) -> None:
     """Rank 0, last: the tokenizer files, the manifest, and the build state removed."""
     out, settings, store = run.out, run.settings, prepared.store
     tok_files = stages.copy_tokenizer_files(out, settings, prepared.tokenizer)

@@ -19,6 +19,9 @@ What the manifest records about the encoders (:func:`vectors_encoder`):
 
 With ``rag_checkpoint`` (a folder written by ``rag-convert-hf``) the query encoder spec, the
 generator tokenizer and the input format default to the converted model's.
+
+:func:`import_knowledge` takes what to import as an :class:`ImportRequest` (the options of
+``rag-import-knowledge``) and how the build runs as :class:`~rag_plugin.indexing.builder.BuildOptions`.
 """
 from __future__ import annotations
 
@@ -27,15 +30,38 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rag_plugin.indexing.builder import build_knowledge_source
+from rag_plugin.indexing.builder import BuildHooks, BuildOptions, build_knowledge_source
 from rag_plugin.indexing.precomputed import PrecomputedVectors
 from rag_plugin.indexing.settings import BuildSettings
 from rag_plugin.indexing.vector_sources import DPRVectorFiles, HuggingFaceDataset, require_file
 from rag_plugin.retrieval.knowledge import IMPORTED
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 
 NO_SPEC_FIX = ("pass --rag-checkpoint DIR (a converted RAG model), --encoder-spec (e.g. hf-dpr:DIR), or an "
                "--encoder-identity JSON that has a 'spec'")
+#: rows per vectors shard of an import (the unit of resume): imported vectors cost nothing to make again
+IMPORT_SHARD_SIZE = 65536
+
+
+@dataclasses.dataclass
+class ImportRequest:
+    """What to import and how its manifest describes it (``rag-import-knowledge``'s options)."""
+
+    dataset: Optional[str] = None  # a Hugging Face knowledge dataset (folder, .arrow or .parquet) with embeddings
+    passages: Optional[str] = None  # DPR's psgs_w100.tsv (with vectors)
+    vectors: Sequence[str] = ()  # DPR's embedding pickles, or .npy files (with ids)
+    ids: Sequence[str] = ()  # the passage ids of each .npy file of vectors
+    trust_pickles: bool = False  # read DPR's pickled vectors (a pickle can run code)
+    faiss_index: Optional[str] = None  # an existing FAISS index over the passages in order, used instead of one built
+    rag_checkpoint: Optional[str] = None  # a converted RAG checkpoint folder: the defaults of the next three
+    encoder_spec: Optional[str] = None  # the query encoder that goes with the vectors
+    encoder_identity: object = None  # the document encoder's identity (dict, inline JSON or a JSON file), not loaded
+    tokenizer: GeneratorTokenizerFiles = dataclasses.field(default_factory=GeneratorTokenizerFiles)
+    input_format: Optional[str] = None  # plugin, hf or an input_format.json
+    index_factory: str = "Flat"  # FAISS factory string when no faiss_index is given
+    train_size: int = 100_000  # vectors sampled to train the quantizer
+    seed: int = 0  # seed of that sample
 
 
 @dataclasses.dataclass
@@ -108,54 +134,47 @@ def vectors_encoder(encoder_identity, encoder_spec: Optional[str], source) -> Ve
     return VectorsEncoder(spec, document, query)
 
 
-def _checkpoint_defaults(rag_checkpoint: Optional[str], encoder_spec: Optional[str], tokenizer: dict,
-                         input_format: Optional[str]):
-    """``(encoder spec, tokenizer files, input format)``, defaulting to the converted checkpoint's."""
-    if not rag_checkpoint:
-        return encoder_spec, tokenizer, input_format
-    from rag_plugin.conversion.hf_rag import read_conversion
+def _checkpoint_defaults(request: ImportRequest) -> ImportRequest:
+    """``request`` with its encoder spec, tokenizer files and input format defaulting to the converted checkpoint's."""
+    if not request.rag_checkpoint:
+        return request
+    from rag_plugin.indexing.converted_checkpoint import read_conversion
 
-    rec = read_conversion(rag_checkpoint)
-    if not (tokenizer["dict"] or tokenizer["bpe_model"] or tokenizer["gpt2_encoder_json"]):
-        tokenizer = dict(tokenizer, dict=rec["files"]["dict"], gpt2_encoder_json=rec["files"]["gpt2_encoder_json"],
-                         gpt2_vocab_bpe=rec["files"]["gpt2_vocab_bpe"])
-    return encoder_spec or rec["encoder_spec"], tokenizer, input_format or rec["input_format_file"]
+    rec = read_conversion(request.rag_checkpoint)
+    tokenizer = request.tokenizer
+    if not (tokenizer.dict or tokenizer.subword_model):
+        tokenizer = GeneratorTokenizerFiles(**rec["files"])
+    return dataclasses.replace(request, encoder_spec=request.encoder_spec or rec["encoder_spec"], tokenizer=tokenizer,
+                               input_format=request.input_format or rec["input_format_file"])
 
 
-def import_knowledge(out_dir: str, dataset: Optional[str] = None, passages: Optional[str] = None,
-                     vectors: Sequence[str] = (), ids: Sequence[str] = (), trust_pickles: bool = False,
-                     faiss_index: Optional[str] = None, rag_checkpoint: Optional[str] = None,
-                     encoder_spec: Optional[str] = None, encoder_identity=None, dict_file: Optional[str] = None,
-                     bpe_model: Optional[str] = None, gpt2_encoder_json: Optional[str] = None,
-                     gpt2_vocab_bpe: Optional[str] = None, input_format: Optional[str] = None,
-                     index_factory: str = "Flat", train_size: int = 100_000, seed: int = 0,
-                     shard_size: int = 65536, restart: bool = False, progress: bool = True, log=print):
-    """Import a knowledge source (see the module docstring) from ``dataset`` (a Hugging Face dataset)
-    or ``passages`` with ``vectors`` (+ ``ids``); returns the loaded KnowledgeSource."""
+def import_knowledge(out_dir: str, request: ImportRequest, options: Optional[BuildOptions] = None):
+    """Import a knowledge source (see the module docstring) from ``request.dataset`` (a Hugging Face dataset)
+    or ``request.passages`` with ``vectors`` (+ ``ids``); returns the loaded KnowledgeSource. ``options``: how
+    the build runs (default: :data:`IMPORT_SHARD_SIZE` rows per shard)."""
     from rag_plugin.core.input_format import InputFormat
 
-    if (dataset is None) == (passages is None):
+    options = options or BuildOptions(shard_size=IMPORT_SHARD_SIZE)
+    if (request.dataset is None) == (request.passages is None):
         raise UserError("pass either --dataset (a Hugging Face dataset) or --passages with --vectors (DPR's TSV)")
-    tokenizer = dict(dict=dict_file, bpe_model=bpe_model, gpt2_encoder_json=gpt2_encoder_json,
-                     gpt2_vocab_bpe=gpt2_vocab_bpe)
-    encoder_spec, tokenizer, input_format = _checkpoint_defaults(rag_checkpoint, encoder_spec, tokenizer,
-                                                                 input_format)
-    fmt = InputFormat.parse(input_format)
-    if faiss_index is not None and not Path(faiss_index).is_file():
-        raise UserError("FAISS index file not found", path=faiss_index, fix="check --faiss-index")
-    if dataset is not None and (vectors or ids):
+    request = _checkpoint_defaults(request)
+    fmt = InputFormat.parse(request.input_format)
+    if request.faiss_index is not None and not Path(request.faiss_index).is_file():
+        raise UserError("FAISS index file not found", path=request.faiss_index, fix="check --faiss-index")
+    if request.dataset is not None and (request.vectors or request.ids):
         raise UserError("--vectors/--ids go with --passages; a dataset holds its own embeddings")
-    source = (HuggingFaceDataset(dataset) if dataset is not None
-              else DPRVectorFiles(passages, list(vectors), list(ids), trust_pickles, progress, log))
-    encoders = vectors_encoder(encoder_identity, encoder_spec, source)
-    if shard_size < 1:
-        raise UserError(f"--shard-size must be positive, got {shard_size}")
-    settings = ImportSettings(passages=source.passage_files, encoder=encoders.spec, index_factory=index_factory,
-                              split_words=None, **tokenizer, train_size=train_size, seed=seed,
-                              input_format=fmt.identity(), index_file=faiss_index,
+    source = (HuggingFaceDataset(request.dataset) if request.dataset is not None
+              else DPRVectorFiles(request.passages, list(request.vectors), list(request.ids), request.trust_pickles,
+                                  options.progress, options.log))
+    encoders = vectors_encoder(request.encoder_identity, request.encoder_spec, source)
+    if options.shard_size < 1:
+        raise UserError(f"--shard-size must be positive, got {options.shard_size}")
+    settings = ImportSettings(passages=source.passage_files, encoder=encoders.spec, index_factory=request.index_factory,
+                              split_words=None, tokenizer=request.tokenizer, train_size=request.train_size,
+                              seed=request.seed, input_format=fmt.identity(), index_file=request.faiss_index,
                               imported=source.settings_fields(encoders.document))
     precomputed = PrecomputedVectors(source.batches, encoders.document, passages_path=source.passages_path,
                                      missing_fix=source.missing_fix,
                                      manifest=encoders.manifest_entries(source.provenance()))
-    return build_knowledge_source(str(out_dir), settings, collection=source.collection, precomputed=precomputed,
-                                  shard_size=shard_size, restart=restart, progress=progress, log=log)
+    return build_knowledge_source(str(out_dir), settings, options,
+                                  BuildHooks(collection=source.collection, precomputed=precomputed))

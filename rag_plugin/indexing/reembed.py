@@ -32,9 +32,11 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
+from rag_plugin.indexing.builder import BuildOptions
 from rag_plugin.indexing.embedding import embed_shards, embedding_record
 from rag_plugin.indexing.output_dir import shard_path, shards_dir
 from rag_plugin.indexing.settings import ENCODER_IDENTITY, passage_side
@@ -128,40 +130,54 @@ def chunk_dir(root: Path, base: int, tower_sha: str) -> Path:
     return Path(root) / REINDEX_DIR / f"v{base:06d}-{tower_sha[:16]}"
 
 
-def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank: int = 0, world: int = 1, group=None,
-            log: Callable[[str], None] = print, progress: bool = True, encoder=None, base_version: Optional[int] = None,
-            shard_size: int = CHUNK_SIZE, batch_size: int = 64, wait_minutes: float = 24 * 60,
-            device: str = "cpu", fp16: bool = False) -> int:
-    """Write version v+1 of ``knowledge_dir`` (v: ``base_version``, default the current one) with every passage
-    embedded again by a passage tower holding ``tower_state``, and make it current (see the module docstring).
-    ``group``: a :class:`~rag_plugin.indexing.distributed.BuildGroup` (its rank and world; rank 0 returns when the
-    version is current, the others with it); without one, ``rank``/``world`` split the chunks between independent
-    processes, and ranks other than 0 return once their chunks are written. ``encoder``: a ready
-    :class:`TowerEncoder` in place of ``tower_state``; ``device``: where the tower made from ``tower_state`` runs,
-    ``fp16``: in half precision (:meth:`~rag_plugin.retrieval.encoders.text_encoder.TextEncoder.for_embedding`).
-    Returns the new version's number."""
+@dataclass
+class Reembedding:
+    """One re-embedding: what the tower's weights are, the version re-embedded, this process's share and where
+    the tower runs."""
+
+    what: str  # what the weights are, for the manifest
+    base_version: Optional[int] = None  # the version re-embedded (None: the current one)
+    rank: int = 0  # without a BuildGroup: this process, of world independent ones (rank r: chunks r, r + world, ...)
+    world: int = 1
+    encoder: Optional[TowerEncoder] = None  # a ready tower encoder in place of the tower_state given
+    device: str = "cpu"  # where the tower made from tower_state runs
+    fp16: bool = False  # that tower's forward in half precision (TextEncoder.for_embedding)
+    wait_minutes: float = 24 * 60  # how long rank 0 waits for the other processes' chunks
+
+
+def reembed(knowledge_dir: str, tower_state: Optional[Dict], job: Reembedding,
+            options: Optional[BuildOptions] = None) -> int:
+    """Write version v+1 of ``knowledge_dir`` (v: ``job.base_version``, default the current one) with every passage
+    embedded again by a passage tower holding ``tower_state`` (or ``job.encoder``), and make it current (see the
+    module docstring). ``options``: chunk and batch sizes, progress, log and ``group`` (a
+    :class:`~rag_plugin.indexing.distributed.BuildGroup`: its rank and world; rank 0 returns when the version is
+    current, the others with it); without a group, ``job.rank``/``job.world`` split the chunks between
+    independent processes, and ranks other than 0 return once their chunks are written. Returns the new
+    version's number."""
     from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 
     t0 = time.perf_counter()
-    if group is not None:
-        rank, world = group.rank, group.world
+    options = options or BuildOptions()
+    group = options.group
+    rank, world = (group.rank, group.world) if group is not None else (job.rank, job.world)
     root = Path(knowledge_dir)
-    current = KnowledgeSource(str(root), version=base_version)
+    current = KnowledgeSource(str(root), version=job.base_version)
+    encoder = job.encoder
     if encoder is None:
-        encoder = tower_encoder(current, tower_state, what)
-        encoder.encoder.for_embedding(device, fp16)
-        encoder.find_lower_states(root, tower_state, current.passages.sha256, log)
+        encoder = tower_encoder(current, tower_state, job.what)
+        encoder.encoder.for_embedding(job.device, job.fp16)
+        encoder.find_lower_states(root, tower_state, current.passages.sha256, options.log)
     elif tower_state is not None and encoder.tower_sha != state_dict_sha256(tower_state):
         raise ValueError("the encoder given does not hold tower_state")
     chunks = chunk_dir(root, current.version, encoder.tower_sha)
-    starts = list(range(0, len(current), shard_size))
+    starts = list(range(0, len(current), options.shard_size))
 
     def embed_mine():
         mine = [s for s in starts[rank::world] if not shard_path(chunks, s).is_file()]
         chunks.mkdir(parents=True, exist_ok=True)
         try:
-            embed_shards(current.passages, chunks, mine, shard_size, encoder, batch_size, None,
-                         progress and rank == 0)
+            embed_shards(current.passages, chunks, mine, options.shard_size, encoder, options.batch_size, None,
+                         options.progress and rank == 0)
         except BaseException as err:
             if world > 1 and group is None:
                 (chunks / f"failed.rank{rank}").write_text(f"{type(err).__name__}: {err}\n", encoding="utf-8")
@@ -172,11 +188,9 @@ def reembed(knowledge_dir: str, tower_state: Optional[Dict], *, what: str, rank:
         embed_mine()
         if rank != 0:
             return current.version + 1
-        return _commit(root, current, encoder, chunks, starts, shard_size, batch_size, what, log, progress, t0,
-                       world, wait_minutes)
+        return _commit(root, current, encoder, chunks, starts, job, options, t0, world)
     group.each(embed_mine)
-    _, version = group.on_main(lambda: (None, _commit(root, current, encoder, chunks, starts, shard_size, batch_size,
-                                                      what, log, progress, t0, 1, wait_minutes)))
+    _, version = group.on_main(lambda: (None, _commit(root, current, encoder, chunks, starts, job, options, t0, 1)))
     return version
 
 
@@ -199,15 +213,16 @@ def _wait_for_chunks(chunks: Path, starts, world: int, wait_minutes: float) -> N
         time.sleep(0.5)
 
 
-def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks: Path, starts, shard_size: int,
-            batch_size: int, what: str, log, progress: bool, t0: float, world: int, wait_minutes: float) -> int:
+def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks: Path, starts, job: Reembedding,
+            options: BuildOptions, t0: float, world: int) -> int:
     """Rank 0: the chunks into version v+1 (built by the builder in its partial directory), then made current."""
     from rag_plugin.indexing import stages
-    from rag_plugin.indexing.builder import build_knowledge_source
+    from rag_plugin.indexing.builder import BuildHooks, build_knowledge_source
     from rag_plugin.indexing.update import update_settings
 
+    log = options.log
     if world > 1:
-        _wait_for_chunks(chunks, starts, world, wait_minutes)
+        _wait_for_chunks(chunks, starts, world, job.wait_minutes)
     base, new = current.version, current.version + 1
     with versions.UpdateLock(root):
         if versions.current_version(root) != base:
@@ -220,21 +235,21 @@ def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks:
         if not (final / MANIFEST).is_file():
             if not (partial / BUILD_DIR / "settings.json").is_file() and not (partial / MANIFEST).is_file():
                 fingerprint = {**settings.fingerprint(), ENCODER_IDENTITY: passage_side(identity)}
-                stages.start_build_state(partial, "new", None, fingerprint, shard_size, log)
+                stages.start_build_state(partial, "new", None, fingerprint, options.shard_size, log)
             for s in starts:  # the chunks join the build state (a rename each; those moved before are there)
                 if shard_path(chunks, s).is_file():
                     os.replace(shard_path(chunks, s), shard_path(shards_dir(partial), s))
             store = current.passages
-            extra = {"version": new, "previous_version": base, TOWER_SHA: encoder.tower_sha, FROM: what,
+            extra = {"version": new, "previous_version": base, TOWER_SHA: encoder.tower_sha, FROM: job.what,
                      **embedding_record(encoder.encoder)}
-            build_knowledge_source(str(partial), settings, encoder=encoder, shard_size=shard_size,
-                                   batch_size=batch_size, progress=progress, log=log, manifest_extra=extra,
-                                   collection=lambda: (store.passage(r) for r in range(len(store))))
+            build_knowledge_source(str(partial), settings, replace(options, group=None, restart=False),
+                                   BuildHooks(encoder=encoder, manifest_extra=extra,
+                                              collection=lambda: (store.passage(r) for r in range(len(store)))))
             _keep_base_identity(partial, current.encoder_identity, time.perf_counter() - t0)
             os.replace(partial, final)
         versions.switch_to(root, new)
     shutil.rmtree(chunks, ignore_errors=True)
-    log(f"{root}: version {new} is current: {len(current)} passages re-embedded from {what} "
+    log(f"{root}: version {new} is current: {len(current)} passages re-embedded from {job.what} "
         f"in {time.perf_counter() - t0:.1f}s")
     return new
 
@@ -298,7 +313,7 @@ def read_tower_state(path: str) -> Dict:
     if isinstance(loaded, dict) and isinstance(loaded.get("document_tower"), dict):
         return dict(loaded["document_tower"])
     if isinstance(loaded, dict) and "model" in loaded:
-        from rag_plugin.models.doc_encoder import doc_encoder_state_from_checkpoint  # the doc_encoder branch
+        from rag_plugin.retrieval.encoders.trained_tower import doc_encoder_state_from_checkpoint
 
         return doc_encoder_state_from_checkpoint(path)
     if isinstance(loaded, dict) and loaded and all(isinstance(v, torch.Tensor) for v in loaded.values()):
@@ -345,10 +360,11 @@ def main(argv=None) -> int:
         print(f"the tower's lower {encoder.lower.layers} layers: from the cache {args.lower_states}", flush=True)
     base = current.version
     del current
-    version = reembed(args.knowledge, None, what=what, encoder=encoder, rank=args.rank,
-                      world=args.world, base_version=base, batch_size=args.batch_size,
-                      shard_size=args.chunk_size, progress=False, wait_minutes=args.wait_minutes,
-                      log=lambda m: print(m, flush=True))
+    job = Reembedding(what, base_version=base, rank=args.rank, world=args.world, encoder=encoder,
+                      wait_minutes=args.wait_minutes)
+    options = BuildOptions(shard_size=args.chunk_size, batch_size=args.batch_size, progress=False,
+                           log=lambda m: print(m, flush=True))
+    version = reembed(args.knowledge, None, job, options)
     if args.result:
         atomic_write_json(args.result, {"version": version, "seconds": round(time.perf_counter() - t0, 2),
                                         "rank": args.rank})

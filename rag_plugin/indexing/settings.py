@@ -9,10 +9,11 @@ is up to date; anything else is refused, never mixed.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Union
 
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.io import sha256_file
 
 
@@ -24,10 +25,8 @@ class BuildSettings:
     encoder: str = "minilm"
     index_factory: str = "Flat"
     split_words: Optional[int] = None
-    dict: Optional[str] = None
-    bpe_model: Optional[str] = None
-    gpt2_encoder_json: Optional[str] = None
-    gpt2_vocab_bpe: Optional[str] = None
+    #: the generator tokenizer the passages are pre-tokenized with (none: not pre-tokenized)
+    tokenizer: GeneratorTokenizerFiles = field(default_factory=GeneratorTokenizerFiles)
     train_size: int = 100_000
     seed: int = 0
     input_format: Optional[dict] = None  # InputFormat.identity() the passages are pre-tokenized for
@@ -35,7 +34,10 @@ class BuildSettings:
     num_shards: int = 1                   # the index written in this many shards (retrieval/shards.py)
 
     def fingerprint(self) -> dict:
+        """The settings as recorded (the tokenizer's files at the top level, as builds have always recorded them),
+        each input file with its content hash."""
         out = asdict(self)
+        out.update(out.pop("tokenizer"))
         for key in ("input_format", "index_file"):  # absent when unset: older builds keep their fingerprint
             if out[key] is None:
                 del out[key]
@@ -51,10 +53,9 @@ class BuildSettings:
         else:
             out["passages"] = [str(Path(p).resolve()) for p in self.passages]
             out["passages_sha256"] = [sha256_file(p) for p in self.passages]
-        for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe"):
-            if out[key]:
-                out[key + "_sha256"] = sha256_file(out[key])
-                out[key] = str(Path(out[key]).resolve())
+        for key, path in self.tokenizer.paths().items():
+            out[key + "_sha256"] = sha256_file(path)
+            out[key] = str(Path(path).resolve())
         return out
 
 

@@ -20,8 +20,6 @@ from rag_plugin.retrieval.passages import PassageStore, read_collection
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text
 
-TOKENIZER_KEYS = ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe")
-
 
 def check_passage_files(settings: BuildSettings) -> None:
     if settings.num_shards < 1:
@@ -39,15 +37,10 @@ def load_pretokenization(settings: BuildSettings):
     """``(generator tokenizer or None, InputFormat)`` the passages are pre-tokenized with; refuses
     a subword model without its dictionary and a non-plugin input format without a tokenizer."""
     from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.retrieval.tokenization import load_generator_tokenizer
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizer
 
-    tokenizer = None
-    if settings.dict:
-        tokenizer = load_generator_tokenizer(settings.dict, settings.bpe_model,
-                                             settings.gpt2_encoder_json, settings.gpt2_vocab_bpe)
-    elif settings.bpe_model or settings.gpt2_encoder_json:
-        raise UserError("a subword model was given without the generator dictionary",
-                        fix="pass --dict dict.txt as well")
+    files = settings.tokenizer
+    tokenizer = GeneratorTokenizer(files) if files.dict or files.subword_model else None
     input_format = InputFormat.from_identity(settings.input_format)
     if input_format.name != "plugin" and tokenizer is None:
         raise UserError(f"the {input_format.name} input format is a way of pre-tokenizing passages: it needs the "
@@ -143,13 +136,11 @@ def copy_tokenizer_files(out: Path, settings: BuildSettings, tokenizer) -> dict:
         return files
     tok_dir = out / "tokenizer"
     tok_dir.mkdir(exist_ok=True)
-    for key in TOKENIZER_KEYS:
-        src = getattr(settings, key)
-        if src:
-            name = {"dict": "dict.txt"}.get(key, Path(src).name)
-            with atomic_path(tok_dir / name) as tmp:
-                shutil.copyfile(src, tmp)
-            files[key] = name
+    for key, src in settings.tokenizer.paths().items():
+        name = {"dict": "dict.txt"}.get(key, Path(src).name)
+        with atomic_path(tok_dir / name) as tmp:
+            shutil.copyfile(src, tmp)
+        files[key] = name
     return files
 
 

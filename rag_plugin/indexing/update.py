@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from rag_plugin.indexing.builder import build_knowledge_source
+from rag_plugin.indexing.builder import BuildHooks, BuildOptions, build_knowledge_source
 from rag_plugin.indexing.embedding import embedding_record
 from rag_plugin.indexing.settings import BuildSettings, settings_part
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.index import read_index
 from rag_plugin.retrieval.knowledge import MANIFEST, KnowledgeSource
 from rag_plugin.retrieval.passages import Passage, read_numbered_passages
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import open_text
 
@@ -124,13 +125,11 @@ def update_settings(current: KnowledgeSource, files: List[str]) -> BuildSettings
                         "encoder cannot embed new passages here", path=str(current.directory / MANIFEST),
                         fix="rebuild it with rag-build-knowledge or rag-import-knowledge")
     tok = (current.manifest.get("tokenizer") or {}).get("files", {})
-    tok_dir = current.directory / "tokenizer"
     return BuildSettings(
         passages=files, encoder=current.encoder_spec, index_factory=recorded.get("index_factory", "Flat"),
         split_words=None, train_size=recorded.get("train_size", 100_000), seed=recorded.get("seed", 0),
         input_format=current.passages.meta.get("input_format"), num_shards=current.num_shards,
-        **{key: str(tok_dir / tok[key]) if key in tok else None
-           for key in ("dict", "bpe_model", "gpt2_encoder_json", "gpt2_vocab_bpe")})
+        tokenizer=GeneratorTokenizerFiles.in_directory(current.directory / "tokenizer", tok))
 
 
 def index_plan(current: KnowledgeSource, changes: Changes, new_count: int, retrain: bool, log):
@@ -183,11 +182,11 @@ def update_knowledge_source(root: str, add: Sequence[str] = (), delete: Optional
                                 "replaced": len(changes.replaced), "retrained": template is None}, **carried,
                      **embedding_record(encoder)}
             partial.parent.mkdir(parents=True, exist_ok=True)
-            build_knowledge_source(str(partial), settings, encoder=encoder, batch_size=batch_size,
-                                   shard_size=shard_size, progress=progress,
-                                   log=log, reuse_vectors_from=str(current.directory),
-                                   collection=new_collection(current, changes), index_template=template,
-                                   manifest_extra=extra)
+            build_knowledge_source(
+                str(partial), settings, BuildOptions(shard_size=shard_size, batch_size=batch_size, progress=progress,
+                                                     log=log),
+                BuildHooks(encoder=encoder, reuse_vectors_from=str(current.directory),
+                           collection=new_collection(current, changes), index_template=template, manifest_extra=extra))
             os.replace(partial, final)
         versions.switch_to(root, new)
         log(f"{root}: version {new} is current ({len(changes.added)} added, {len(changes.deleted)} deleted, "

@@ -210,16 +210,14 @@ class KnowledgeSource(SharedOnCopy):
 
     def load_generator_tokenizer(self):
         """The generator tokenizer the passages were pre-tokenized with (copied into ``tokenizer/``)."""
-        from rag_plugin.retrieval.tokenization import load_generator_tokenizer
+        from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
 
         info = self.manifest.get("tokenizer")
         if not info:
             raise UserError("this knowledge source was built without a generator tokenizer", path=str(self.directory),
                             fix="rebuild it with --dict and --bpe-model (or the GPT-2 BPE files)")
         d = self.directory / "tokenizer"
-        files = {k: str(d / v) for k, v in info["files"].items()}
-        tok = load_generator_tokenizer(files["dict"], files.get("bpe_model"), files.get("gpt2_encoder_json"),
-                                       files.get("gpt2_vocab_bpe"))
+        tok = GeneratorTokenizer(GeneratorTokenizerFiles.in_directory(d, info["files"]))
         if tok.dictionary_sha256() != self.passages.tokenizer_identity.get("dictionary_sha256"):
             raise UserError("tokenizer files do not match the pre-tokenized passages", path=str(d),
                             fix="rebuild the knowledge source")

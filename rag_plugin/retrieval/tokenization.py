@@ -8,14 +8,18 @@ generator's embedding table directly. Two subword models are supported:
 * GPT-2 byte-level BPE (``encoder.json`` + ``vocab.bpe``), the one fairseq's BART uses, whose
   ``dict.txt`` lists GPT-2 ids as symbols.
 
+The four files travel together as one :class:`GeneratorTokenizerFiles` (the command-line options of
+:func:`add_tokenizer_arguments`, a build's settings, a manifest's ``tokenizer.files``).
+
 The fairseq Dictionary layout is reproduced here (``<s>``=0, ``<pad>``=1, ``</s>``=2,
 ``<unk>``=3, then one symbol per line of ``dict.txt``) so no fairseq import is needed.
 """
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import sha256_file
@@ -57,40 +61,71 @@ def read_dictionary(path: str) -> List[str]:
     return symbols
 
 
-class GeneratorTokenizer:
-    """Text -> generator dictionary ids (no BOS/EOS added)."""
+@dataclass(frozen=True)
+class GeneratorTokenizerFiles:
+    """The generator tokenizer's files: its fairseq dictionary (``dict.txt``) and its subword model,
+    SentencePiece (``bpe_model``) or GPT-2 byte-level BPE (``gpt2_encoder_json`` + ``gpt2_vocab_bpe``)."""
 
-    def __init__(self, kind: str, dict_path: str, model_path: Optional[str] = None,
-                 gpt2_encoder_json: Optional[str] = None, gpt2_vocab_bpe: Optional[str] = None):
-        self.kind = kind
-        self.dict_path = str(dict_path)
-        self.symbols = read_dictionary(dict_path)
+    dict: Optional[str] = None
+    bpe_model: Optional[str] = None
+    gpt2_encoder_json: Optional[str] = None
+    gpt2_vocab_bpe: Optional[str] = None
+
+    @classmethod
+    def from_args(cls, args) -> GeneratorTokenizerFiles:
+        """From the command-line options of :func:`add_tokenizer_arguments`."""
+        return cls(args.dict, args.bpe_model, args.gpt2_encoder_json, args.gpt2_vocab_bpe)
+
+    @classmethod
+    def in_directory(cls, directory, names: Mapping[str, str]) -> GeneratorTokenizerFiles:
+        """``names`` ({field: file name}, as a manifest records them) in ``directory``."""
+        return cls(**{key: str(Path(directory) / name) for key, name in names.items()})
+
+    def paths(self) -> Dict[str, str]:
+        """``{field: path}`` of the files given, in field order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name)}
+
+    @property
+    def subword_model(self) -> Optional[str]:
+        """``"sentencepiece"``, ``"gpt2"``, or None where no subword model is given."""
+        if self.bpe_model:
+            return "sentencepiece"
+        return "gpt2" if self.gpt2_encoder_json or self.gpt2_vocab_bpe else None
+
+
+#: each subword model's files, as named in a tokenizer's identity (``model_sha256``, ...)
+MODEL_FILES = {"sentencepiece": {"bpe_model": "model"},
+               "gpt2": {"gpt2_encoder_json": "encoder_json", "gpt2_vocab_bpe": "vocab_bpe"}}
+
+
+class GeneratorTokenizer:
+    """Text -> generator dictionary ids (no BOS/EOS added), from :class:`GeneratorTokenizerFiles`."""
+
+    def __init__(self, files: GeneratorTokenizerFiles):
+        self.files = files
+        self.kind = files.subword_model
+        if self.kind is None:
+            raise UserError("no generator subword model given",
+                            fix="pass --bpe-model FILE (SentencePiece) or --gpt2-encoder-json/--gpt2-vocab-bpe")
+        if not files.dict:
+            raise UserError("a subword model was given without the generator dictionary",
+                            fix="pass --dict dict.txt as well")
+        self.symbols = read_dictionary(files.dict)
         self.index: Dict[str, int] = {s: i for i, s in enumerate(self.symbols)}
-        self.files = {"dict": self.dict_path}
-        if kind == "sentencepiece":
+        if self.kind == "sentencepiece":
             import sentencepiece as spm
 
-            if not model_path or not Path(model_path).is_file():
-                raise UserError("SentencePiece model not found", path=model_path,
+            if not Path(files.bpe_model).is_file():
+                raise UserError("SentencePiece model not found", path=files.bpe_model,
                                 fix="pass --bpe-model FILE.model")
-            self._spm = spm.SentencePieceProcessor(model_file=str(model_path))
-            self.files["model"] = str(model_path)
-        elif kind == "gpt2":
-            from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-            for p in (gpt2_encoder_json, gpt2_vocab_bpe):
-                if not p or not Path(p).is_file():
-                    raise UserError("GPT-2 BPE file not found", path=p,
-                                    fix="pass --gpt2-encoder-json and --gpt2-vocab-bpe")
-            bpe = models.BPE.from_file(str(gpt2_encoder_json), str(gpt2_vocab_bpe))
-            tok = Tokenizer(bpe)
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            tok.decoder = decoders.ByteLevel()
-            self._gpt2 = tok
-            self.files["encoder_json"] = str(gpt2_encoder_json)
-            self.files["vocab_bpe"] = str(gpt2_vocab_bpe)
+            self._spm = spm.SentencePieceProcessor(model_file=str(files.bpe_model))
         else:
-            raise UserError(f"unknown tokenizer kind {kind!r}", fix="use sentencepiece or gpt2")
+            self._gpt2 = _gpt2_tokenizer(files.gpt2_encoder_json, files.gpt2_vocab_bpe)
+
+    @property
+    def dict_path(self) -> str:
+        """The dictionary file (``files.dict``)."""
+        return str(self.files.dict)
 
     # ------------------------------------------------------------------ encoding
     def pieces(self, text: str) -> List[str]:
@@ -123,25 +158,25 @@ class GeneratorTokenizer:
     def identity(self) -> dict:
         out = {"kind": self.kind, "vocab_size": len(self.symbols),
                "dictionary_sha256": self.dictionary_sha256()}
-        for name, path in self.files.items():
-            if name != "dict":
-                out[f"{name}_sha256"] = sha256_file(path)
+        for key, name in MODEL_FILES[self.kind].items():
+            out[f"{name}_sha256"] = sha256_file(getattr(self.files, key))
         return out
 
     def __len__(self) -> int:
         return len(self.symbols)
 
 
-def load_generator_tokenizer(dict_path: str, bpe_model: Optional[str] = None,
-                             gpt2_encoder_json: Optional[str] = None,
-                             gpt2_vocab_bpe: Optional[str] = None) -> GeneratorTokenizer:
-    if bpe_model:
-        return GeneratorTokenizer("sentencepiece", dict_path, model_path=bpe_model)
-    if gpt2_encoder_json or gpt2_vocab_bpe:
-        return GeneratorTokenizer("gpt2", dict_path, gpt2_encoder_json=gpt2_encoder_json,
-                                  gpt2_vocab_bpe=gpt2_vocab_bpe)
-    raise UserError("no generator subword model given",
-                    fix="pass --bpe-model FILE (SentencePiece) or --gpt2-encoder-json/--gpt2-vocab-bpe")
+def _gpt2_tokenizer(encoder_json: Optional[str], vocab_bpe: Optional[str]):
+    """GPT-2's byte-level BPE from its two files (``tokenizers``, no fairseq)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    for p in (encoder_json, vocab_bpe):
+        if not p or not Path(p).is_file():
+            raise UserError("GPT-2 BPE file not found", path=p, fix="pass --gpt2-encoder-json and --gpt2-vocab-bpe")
+    tok = Tokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
 
 
 def add_tokenizer_arguments(parser, input_format_default: Optional[str], input_format_help: str) -> None:

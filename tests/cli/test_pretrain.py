@@ -136,7 +136,7 @@ def test_finished_stages_are_skipped_and_changed_ones_redone(tiny_world, tmp_pat
 
 
 def test_bad_inputs_are_one_line(tiny_world, tmp_path):
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
 
     ks = ["--knowledge", tiny_world["ks"], "--out", tmp_path / "pre"]
     assert_one_line_error(run_module(MODULE, "--knowledge", tmp_path / "none", "--out", tmp_path / "pre"), "none")
@@ -146,6 +146,6 @@ def test_bad_inputs_are_one_line(tiny_world, tmp_path):
     plain = tmp_path / "plain_ks"
     build_knowledge_source(str(plain), BuildSettings(passages=str(tiny_world["root"] / "passages.jsonl"),
                                                      encoder="random:dim=16,layers=1,heads=2,intermediate=32"),
-                           progress=False, log=lambda m: None)
+                           BuildOptions(progress=False, log=lambda m: None))
     assert_one_line_error(run_module(MODULE, "--knowledge", plain, "--out", tmp_path / "pre"),
                           "no generator vocabulary", "--dict")

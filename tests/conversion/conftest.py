@@ -23,15 +23,16 @@ def _import_kwargs(world):
 @pytest.fixture(scope="session")
 def converted(world):
     from rag_plugin.conversion.hf_rag import convert_hf_rag
-    from rag_plugin.indexing.import_knowledge import import_knowledge
+    from rag_plugin.indexing import BuildOptions
+    from rag_plugin.indexing.import_knowledge import ImportRequest, import_knowledge
 
     out = {}
     for variant in ("token", "sequence"):
         ckpt_dir = world["root"] / f"plugin-{variant}"
         convert_hf_rag(str(world[variant]["dir"]), str(ckpt_dir), log=lambda m: None)
         ks = world["root"] / f"ks-{variant}"
-        import_knowledge(str(ks), rag_checkpoint=str(ckpt_dir), progress=False, log=lambda m: None,
-                         **_import_kwargs(world))
+        import_knowledge(str(ks), ImportRequest(rag_checkpoint=str(ckpt_dir), **_import_kwargs(world)),
+                         BuildOptions(progress=False, log=lambda m: None))
         out[variant] = {"dir": ckpt_dir, "ks": ks, "checkpoint": ckpt_dir / "checkpoint.pt"}
     return out
 

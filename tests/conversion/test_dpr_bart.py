@@ -24,9 +24,10 @@ import rag_plugin  # noqa: E402
 
 rag_plugin.register()
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source  # noqa: E402
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagTokenModel  # noqa: E402
 from rag_plugin.retrieval.encoders import load_encoder  # noqa: E402
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 
 DIM = 32  # the tiny world's knowledge source dimension: the DPR query encoder must match it
@@ -109,9 +110,9 @@ def test_dpr_and_fairseq_bart_initialise_a_rag_model(dpr, tiny_world, tmp_path):
     passages = tmp_path / "passages.jsonl"
     passages.write_text("".join(f'{{"id": "p{i}", "title": "{t}", "text": "{x}"}}\n'
                                 for i, (t, x) in enumerate(zip(TITLES, TEXTS, strict=True))))
-    settings = BuildSettings(passages=str(passages), encoder=dpr["spec"], dict=str(tiny_world["root"] / "dict.txt"),
-                             bpe_model=str(tiny_world["root"] / "spm.model"))
-    ks = build_knowledge_source(str(tmp_path / "ks"), settings, progress=False, log=lambda m: None)
+    settings = BuildSettings(passages=str(passages), encoder=dpr["spec"], tokenizer=GeneratorTokenizerFiles(
+        dict=str(tiny_world["root"] / "dict.txt"), bpe_model=str(tiny_world["root"] / "spm.model")))
+    ks = build_knowledge_source(str(tmp_path / "ks"), settings, BuildOptions(progress=False, log=lambda m: None))
     ref_p = _reference_passages(dpr, TITLES, TEXTS)
     np.testing.assert_allclose(np.asarray(ks.vectors), ref_p.numpy(), rtol=1e-4, atol=1e-5)
 

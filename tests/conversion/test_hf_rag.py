@@ -32,6 +32,8 @@ from rag_plugin.models.rag import RagConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LEN = 8  # greedy answers: at most 8 tokens (+ </s>)
+#: the generator tokenizer's files in a converted checkpoint folder
+CONVERTED_TOKENIZER = {"dict": "dict.txt", "gpt2_encoder_json": "encoder.json", "gpt2_vocab_bpe": "vocab.bpe"}
 
 
 def _reference(world, variant):
@@ -119,7 +121,7 @@ def test_rag_sequence_equals_reference(world, converted, load_converted):
     _, task, _ = _check_against_reference(world, load_converted, "sequence")
     # the same model rebuilt for training from the converted parts (--generator-checkpoint takes the
     # checkpoint's generator, --query-encoder its question encoder): the same per-example NLL
-    from rag_plugin.conversion.hf_rag import read_conversion
+    from rag_plugin.indexing.converted_checkpoint import read_conversion
     from rag_plugin.models.rag import RagSequenceModel
 
     rec = read_conversion(str(converted["sequence"]["dir"]))
@@ -136,7 +138,7 @@ def test_rag_sequence_equals_reference(world, converted, load_converted):
 def test_fairseq_generate_reproduces_reference_answers(world, converted, tmp_path):
     """The converted checkpoint through the fairseq-generate command line: greedy RAG-Token answers
     are the reference's greedy answers (as text)."""
-    from rag_plugin.retrieval.tokenization import load_generator_tokenizer
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
 
     data = tmp_path / "data"
     data.mkdir()
@@ -155,8 +157,7 @@ def test_fairseq_generate_reproduces_reference_answers(world, converted, tmp_pat
         if line.startswith("D-"):  # the detokenized hypothesis
             head, _, text = line.split("\t", 2)
             got[int(head[2:])] = text
-    tok = load_generator_tokenizer(str(c["dir"] / "dict.txt"), gpt2_encoder_json=str(c["dir"] / "encoder.json"),
-                                   gpt2_vocab_bpe=str(c["dir"] / "vocab.bpe"))
+    tok = GeneratorTokenizer(GeneratorTokenizerFiles.in_directory(c["dir"], CONVERTED_TOKENIZER))
     q = world["q_tok"](hf_world.QUESTIONS, padding=True, return_tensors="pt")
     ref = world["token"]["model"].generate(input_ids=q["input_ids"], attention_mask=q["attention_mask"],
                                            num_beams=1, do_sample=False, max_length=MAX_LEN + 2, min_length=2,
@@ -176,11 +177,10 @@ def test_generator_tokenizer_and_hf_input_format_are_exact(world, converted):
     """The converted BPE files tokenize like the reference's tokenizer, and the hf format's
     per-passage pieces concatenate to exactly the BPE of the reference's whole input string."""
     from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.retrieval.tokenization import load_generator_tokenizer
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
 
     d = converted["token"]["dir"]
-    tok = load_generator_tokenizer(str(d / "dict.txt"), gpt2_encoder_json=str(d / "encoder.json"),
-                                   gpt2_vocab_bpe=str(d / "vocab.bpe"))
+    tok = GeneratorTokenizer(GeneratorTokenizerFiles.in_directory(d, CONVERTED_TOKENIZER))
     g_tok = world["g_tok"]
     assert len(tok) == len(g_tok)
     fmt = InputFormat.hf()
@@ -199,7 +199,8 @@ def test_generator_tokenizer_and_hf_input_format_are_exact(world, converted):
 
 
 def test_converted_directory_and_errors(world, converted, tiny_world, tmp_path):
-    from rag_plugin.conversion.hf_rag import convert_hf_rag, read_conversion
+    from rag_plugin.conversion.hf_rag import convert_hf_rag
+    from rag_plugin.indexing.converted_checkpoint import read_conversion
 
     rec = read_conversion(str(converted["token"]["dir"]))
     assert rec["architecture"] == "rag_token" and rec["n_docs"] == hf_world.N_DOCS
@@ -259,6 +260,6 @@ def test_converted_directory_and_errors(world, converted, tiny_world, tmp_path):
                                                       arg_overrides={"knowledge": str(tiny_world["ks"])})
     assert "--input-format hf" in str(err.value)
     # the command line: one line, exit status 2; an existing output is not overwritten
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "convert_hf_rag.py"), "--hf-dir", str(src),
+    proc = subprocess.run([str(Path(sys.executable).parent / "rag-convert-hf"), "--hf-dir", str(src),
                            "--out", str(converted["token"]["dir"])], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--overwrite" in proc.stderr, proc.stderr

@@ -315,7 +315,7 @@ def test_deterministic_spm(tmp_path, corpus):
 def test_spm_byte_fallback_spells_rare_characters(tmp_path, corpus):
     """Characters left out of the vocabulary come back exactly with byte fallback; without it
     they are <unk> and lost (the demo's "São Tomé" was "S<unk>o Tomé")."""
-    from rag_plugin.retrieval.tokenization import UNK, GeneratorTokenizer
+    from rag_plugin.retrieval.tokenization import UNK, GeneratorTokenizer, GeneratorTokenizerFiles
 
     texts = [p["text"] for p in corpus["wiki"][:800]]
     text = "Its capital is São Tomé; 3×4 αβ 漢字."
@@ -324,7 +324,8 @@ def test_spm_byte_fallback_spells_rare_characters(tmp_path, corpus):
         train_spm(texts, tmp_path / f"{name}.model", tmp_path / f"{name}.vocab", vocab_size=500,
                   byte_fallback=fallback)
         write_fairseq_dict_from_spm(tmp_path / f"{name}.model", tmp_path / f"{name}.dict")
-        tok = GeneratorTokenizer("sentencepiece", str(tmp_path / f"{name}.dict"), str(tmp_path / f"{name}.model"))
+        tok = GeneratorTokenizer(GeneratorTokenizerFiles(dict=str(tmp_path / f"{name}.dict"),
+                                                         bpe_model=str(tmp_path / f"{name}.model")))
         ids = tok.encode(text)
         if fallback:
             assert UNK not in ids and tok.decode(ids) == text

@@ -283,14 +283,16 @@ def test_per_token_posterior_and_hot_swap(tiny_world, trained, tmp_path):
         np.testing.assert_allclose([d["prior"] for d in rec["docs"]], [by_id[d["id"]] for d in rec["docs"]],
                                    atol=2e-6)
     # another knowledge source with a different document encoder: refused in one line
-    from rag_plugin.indexing import BuildSettings, build_knowledge_source
+    from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 
     other = tmp_path / "other_ks"
     build_knowledge_source(str(other), BuildSettings(
         passages=str(tiny_world["root"] / "passages.jsonl"),
         encoder="random:dim=32,layers=1,heads=2,intermediate=64,seed=9",
-        dict=str(tiny_world["root"] / "dict.txt"), bpe_model=str(tiny_world["root"] / "spm.model")),
-        progress=False, log=lambda m: None)
+        tokenizer=GeneratorTokenizerFiles(dict=str(tiny_world["root"] / "dict.txt"),
+                                          bpe_model=str(tiny_world["root"] / "spm.model"))),
+        BuildOptions(progress=False, log=lambda m: None))
     r = _generate_cli(tiny_world, trained["rag_token_tiny"], knowledge=other)
     assert r.returncode == 2
     err = [l for l in r.stderr.splitlines() if l.startswith("error:")]

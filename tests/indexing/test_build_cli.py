@@ -1,22 +1,25 @@
 """rag-build-knowledge and rag-import-knowledge command lines (rag_plugin/cli/build_knowledge.py,
-import_knowledge.py) and their thin scripts/ wrappers: the same knowledge source as the library
+import_knowledge.py), run as their console scripts and modules: the same knowledge source as the library
 call, --help shows the defaults, usage errors are one line."""
 import gzip
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
 from tests.conftest import ROOT, synthetic_passages, write_jsonl
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300,
+    """``python ARGS`` (``-m MODULE ...``), or the console script ``args[0]`` when it is a path."""
+    argv = list(map(str, args)) if os.path.isabs(str(args[0])) else [sys.executable, *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -24,11 +27,11 @@ def test_build_cli_on_a_gzipped_collection_equals_the_library_build(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(30))
     gz = tmp_path / "p.jsonl.gz"
     gz.write_bytes(gzip.compress(src.read_bytes()))
-    proc = _run(ROOT / "scripts" / "build_knowledge_source.py", "--passages", gz, "--out", tmp_path / "cli",
+    proc = _run(Path(sys.executable).parent / "rag-build-knowledge", "--passages", gz, "--out", tmp_path / "cli",
                 "--encoder", SPEC, "--split-words", 6, "--shard-size", 7, "--quiet")
     assert proc.returncode == 0, proc.stderr
     lib = build_knowledge_source(str(tmp_path / "lib"), BuildSettings(passages=str(src), encoder=SPEC, split_words=6),
-                                 progress=False, log=lambda m: None)
+                                 BuildOptions(progress=False, log=lambda m: None))
     from rag_plugin.retrieval.knowledge import KnowledgeSource
 
     cli = KnowledgeSource(str(tmp_path / "cli"))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
-from rag_plugin.indexing.reembed import reembed
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+from rag_plugin.indexing.reembed import Reembedding, reembed
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
@@ -28,7 +28,7 @@ def _close_not_equal(half: np.ndarray, full: np.ndarray) -> None:
 
 def _library_build(tmp_path, src):
     return build_knowledge_source(str(tmp_path / "fp32"), BuildSettings(passages=str(src), encoder=SPEC),
-                                  progress=False, log=lambda m: None)
+                                  BuildOptions(progress=False, log=lambda m: None))
 
 
 def test_fp16_build_is_float16_rounding_of_float32_stored_float32(tmp_path):
@@ -53,13 +53,13 @@ def test_fp16_reembed_and_update_through_rag_update_knowledge(tmp_path):
     assert ok.returncode == 0, ok.stderr
     half = KnowledgeSource(str(tmp_path / "fp32"))
     assert half.version == 2 and half.manifest["embedding_fp16"] is True
-    build_knowledge_source(str(tmp_path / "ref"), BuildSettings(passages=str(src), encoder=SPEC), progress=False,
-                           log=lambda m: None)
-    reembed(str(tmp_path / "ref"), state, what="test", progress=False, log=lambda m: None)
+    build_knowledge_source(str(tmp_path / "ref"), BuildSettings(passages=str(src), encoder=SPEC),
+                           BuildOptions(progress=False, log=lambda m: None))
+    reembed(str(tmp_path / "ref"), state, Reembedding("test"), BuildOptions(progress=False, log=lambda m: None))
     _close_not_equal(_vectors(half), _vectors(KnowledgeSource(str(tmp_path / "ref"))))
     # new passages of a plain update go through the encoder in half precision too
     plain = build_knowledge_source(str(tmp_path / "plain"), BuildSettings(passages=str(src), encoder=SPEC),
-                                   progress=False, log=lambda m: None)
+                                   BuildOptions(progress=False, log=lambda m: None))
     added = [{"id": f"new{i}", "title": "Added", "text": f"a passage added later, number {i}"} for i in range(3)]
     write_jsonl(tmp_path / "add.jsonl", added)
     ok = _cli("--knowledge", str(tmp_path / "plain"), "--add", str(tmp_path / "add.jsonl"), "--fp16")

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.indexing.import_knowledge import import_knowledge
+from rag_plugin.indexing import BuildOptions
+from rag_plugin.indexing.import_knowledge import IMPORT_SHARD_SIZE, ImportRequest, import_knowledge
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
 from tests.conftest import assert_one_line_error
@@ -46,11 +47,20 @@ def run_cli(*args):
 
 
 
+#: the keywords of import_with that go to BuildOptions; the others make the ImportRequest
+OPTIONS = ("shard_size", "restart", "progress", "log")
+
+
+def import_with(out, **kw):
+    """import_knowledge with ``kw`` split between the ImportRequest and BuildOptions (quiet, unless given)."""
+    options = {"shard_size": IMPORT_SHARD_SIZE, "progress": False, "log": lambda m: None,
+               **{k: v for k, v in kw.items() if k in OPTIONS}}
+    request = ImportRequest(**{k: v for k, v in kw.items() if k not in OPTIONS})
+    return import_knowledge(str(out), request, BuildOptions(**options))
+
+
 def _import(out, tsv, vectors, ids=(), **kw):
-    kw.setdefault("progress", False)
-    kw.setdefault("log", lambda m: None)
-    return import_knowledge(str(out), passages=str(tsv), vectors=[str(v) for v in vectors],
-                            ids=[str(i) for i in ids], **kw)
+    return import_with(out, passages=str(tsv), vectors=[str(v) for v in vectors], ids=[str(i) for i in ids], **kw)
 
 
 IDENTITY = {"kind": "hf-dpr", "name": "dpr-ctx_encoder-single-nq-base", "spec": "hf-dpr:/models/dpr", "dim": 16,

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.indexing.import_knowledge import import_knowledge
 from rag_plugin.retrieval.encoders import build_random_encoder, save_hf_dpr
 from rag_plugin.retrieval.index import search
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 from tests.conversion import hf_world
+from tests.indexing.test_import_dpr_vectors import import_with
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,8 +35,8 @@ def kd(tmp_path_factory, tiny_world):
         root / "vocab.txt"), pooling="cls", normalize=False, passage_format="pair", max_position=128, max_length=64)
     save_hf_dpr(encoder, root / "dpr")
     common = dict(encoder_spec=f"hf-dpr:{root / 'dpr' / 'question_encoder'},max_length=64",
-                  dict_file=str(tiny_world["root"] / "dict.txt"), bpe_model=str(tiny_world["root"] / "spm.model"),
-                  progress=False, log=lambda m: None)
+                  tokenizer=GeneratorTokenizerFiles(dict=str(tiny_world["root"] / "dict.txt"),
+                                                    bpe_model=str(tiny_world["root"] / "spm.model")))
     return {"root": root, "vectors": vectors, "forms": forms, "common": common}
 
 
@@ -62,7 +63,7 @@ def test_save_to_disk_folder_with_its_faiss_index(kd, tmp_path):
     folder = _need(kd, "save_to_disk")
     logs = []
     common = dict(kd["common"], log=logs.append)
-    ks = import_knowledge(str(tmp_path / "ks"), dataset=str(folder), faiss_index=str(kd["forms"]["faiss_index"]),
+    ks = import_with(str(tmp_path / "ks"), dataset=str(folder), faiss_index=str(kd["forms"]["faiss_index"]),
                              **common)
     _check_source(ks, kd["vectors"])
     assert ks.manifest["index_factory"] == "imported IndexFlatIP" and ks.input_format.name == "plugin"
@@ -72,21 +73,21 @@ def test_save_to_disk_folder_with_its_faiss_index(kd, tmp_path):
     imported = ks.manifest["imported_vectors"]
     assert [Path(f["file"]).name for f in imported["files"]] == [f["filename"] for f in state["_data_files"]]
     assert imported["datasets_fingerprint"] == state.get("_fingerprint") and imported["format"] == "arrow"
-    import_knowledge(str(tmp_path / "ks"), dataset=str(folder), faiss_index=str(kd["forms"]["faiss_index"]),
+    import_with(str(tmp_path / "ks"), dataset=str(folder), faiss_index=str(kd["forms"]["faiss_index"]),
                         **common)
     assert logs[-1].endswith("knowledge source is up to date")
 
 
 def test_parquet_files_with_ids_and_a_built_index(kd, tmp_path):
     folder = _need(kd, "parquet")
-    ks = import_knowledge(str(tmp_path / "ks"), dataset=str(folder), index_factory="HNSW8", **kd["common"])
+    ks = import_with(str(tmp_path / "ks"), dataset=str(folder), index_factory="HNSW8", **kd["common"])
     _check_source(ks, kd["vectors"])
     assert ks.manifest["index_factory"] == "HNSW8"
 
 
 def test_tsv_with_npy_vectors_and_hf_input_format(kd, tmp_path):
     tsv, npy, ids = kd["forms"]["tsv"]
-    ks = import_knowledge(str(tmp_path / "ks"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)],
+    ks = import_with(str(tmp_path / "ks"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)],
                              faiss_index=str(kd["forms"]["faiss_index"]), input_format="hf", **kd["common"])
     _check_source(ks, kd["vectors"])
     assert ks.input_format.name == "hf" and ks.manifest["index_factory"] == "imported IndexFlatIP"
@@ -127,10 +128,10 @@ def test_bad_inputs_are_one_line_errors(kd, tmp_path):
     for i, (kwargs, fragment) in enumerate(cases):
         out = tmp_path / f"ks{i}"
         with pytest.raises(UserError) as err:
-            import_knowledge(str(out), **{**common, **kwargs})
+            import_with(str(out), **{**common, **kwargs})
         assert fragment in str(err.value) and "\n" not in str(err.value), (fragment, str(err.value))
         assert not (out / "manifest.json").exists()
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "import_hf_knowledge.py"), "--passages", str(tsv),
+    proc = subprocess.run([str(Path(sys.executable).parent / "rag-import-knowledge"), "--passages", str(tsv),
                            "--vectors", str(npy), "--ids", str(ids), "--out", str(tmp_path / "cli"),
                            "--encoder-identity", json.dumps({"dim": 768, "spec": "x"}), "--quiet"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -165,7 +166,7 @@ def test_dataset_vectors_are_recorded_as_imported_not_as_the_question_encoder(kd
 
     folder = _need(kd, "parquet")
     files = sorted(Path(folder).glob("*.parquet"))
-    import_knowledge(str(tmp_path / "ks"), dataset=str(folder), **kd["common"])
+    import_with(str(tmp_path / "ks"), dataset=str(folder), **kd["common"])
     ks = KnowledgeSource(str(tmp_path / "ks"))
     spec = kd["common"]["encoder_spec"]
     query = load_encoder(spec).identity()
@@ -201,7 +202,7 @@ def test_checks_against_an_imported_source(kd, tmp_path, caplog):
     spec = _question_encoder(tmp_path / "dpr", seed=0)
     tsv, npy, ids = kd["forms"]["tsv"]
     common = dict(kd["common"], encoder_spec=spec)
-    ks = import_knowledge(str(tmp_path / "ks"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)], **common)
+    ks = import_with(str(tmp_path / "ks"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)], **common)
     assert ks.imported and ks.manifest["imported_vectors"]["from"] == "dpr-vectors"
     trained = json.loads(json.dumps({"encoder": ks.encoder_identity}, sort_keys=True))  # as a checkpoint keeps it
     caplog.set_level(logging.WARNING)
@@ -217,7 +218,7 @@ def test_checks_against_an_imported_source(kd, tmp_path, caplog):
     with pytest.raises(UserError, match="does not match"):
         ks.check_encoder(dict(known, dim=16))
     # another source with the same vectors (another index over them) checks as the same one
-    again = import_knowledge(str(tmp_path / "ks2"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)],
+    again = import_with(str(tmp_path / "ks2"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)],
                              index_factory="HNSW8", **common)
     assert again.encoder_identity == ks.encoder_identity
     again.check_encoder(trained["encoder"])
@@ -236,7 +237,7 @@ def test_a_spec_with_its_own_passage_tower_is_recorded_as_the_document_encoder(k
 
     tsv, npy, ids = kd["forms"]["tsv"]
     spec = f"hf-dpr:{kd['root'] / 'dpr'},max_length=64"
-    ks = import_knowledge(str(tmp_path / "ks"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)],
+    ks = import_with(str(tmp_path / "ks"), passages=str(tsv), vectors=[str(npy)], ids=[str(ids)],
                           **dict(kd["common"], encoder_spec=spec))
     identity = load_encoder(spec).identity()
     assert identity["shared_towers"] is False

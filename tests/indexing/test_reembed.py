@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
-from rag_plugin.indexing.reembed import CHUNK_SIZE, TowerEncoder, reembed, tower_encoder
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
+from rag_plugin.indexing.reembed import CHUNK_SIZE, Reembedding, TowerEncoder, reembed, tower_encoder
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
@@ -36,7 +36,7 @@ def _build(tmp: Path, factory="Flat", num_shards=1) -> KnowledgeSource:
     src = write_jsonl(tmp / "p.jsonl", synthetic_passages(N, seed=5))
     settings = BuildSettings(passages=str(src), encoder=SPEC, index_factory=factory, num_shards=num_shards,
                              train_size=N)
-    return build_knowledge_source(str(tmp / "ks"), settings, shard_size=CHUNK, progress=False, log=_quiet)
+    return build_knowledge_source(str(tmp / "ks"), settings, BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
 
 
 def _own_state(ks: KnowledgeSource) -> dict:
@@ -83,7 +83,8 @@ def test_the_sources_own_tower_gives_back_its_vectors_and_search_results(tmp_pat
     ks = _build(tmp_path)
     root = tmp_path / "ks"
     state = _own_state(ks)
-    assert reembed(str(root), state, what="own weights", shard_size=CHUNK, progress=False, log=_quiet) == 2
+    assert reembed(str(root), state, Reembedding("own weights"),
+                   BuildOptions(shard_size=CHUNK, progress=False, log=_quiet)) == 2
     new = KnowledgeSource(str(root))
     assert new.version == 2 and versions.current_version(root) == 2
     np.testing.assert_allclose(_vectors(new), _vectors(ks), atol=1e-6, rtol=0)
@@ -105,7 +106,8 @@ def test_another_tower_equals_a_from_scratch_embedding_each_passage_once(tmp_pat
     root = tmp_path / "ks"
     state = _perturbed(_own_state(ks))
     encoder = Counting(tower_encoder(ks, state, "perturbed"))
-    reembed(str(root), state, what="perturbed", encoder=encoder, shard_size=CHUNK, progress=False, log=_quiet)
+    reembed(str(root), state, Reembedding("perturbed", encoder=encoder),
+            BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     assert len(encoder.embedded) == N and sorted(encoder.embedded) == sorted(ks.passages.text(r) for r in range(N))
     reference = load_encoder(SPEC)
     load_tower_state(reference.passage_tower, state, "test", "document tower")
@@ -130,11 +132,11 @@ def test_chunks_split_between_independent_processes(tmp_path):
     root = tmp_path / "ks"
     state = _perturbed(_own_state(ks), seed=2)
     encoders = [Counting(tower_encoder(ks, state, "w")) for _ in range(2)]
-    assert reembed(str(root), state, what="w", rank=1, world=2, encoder=encoders[1], shard_size=CHUNK,
-                   progress=False, log=_quiet) == 2
+    assert reembed(str(root), state, Reembedding("w", rank=1, world=2, encoder=encoders[1]),
+                   BuildOptions(shard_size=CHUNK, progress=False, log=_quiet)) == 2
     assert versions.current_version(root) == 1  # rank 1 only wrote its chunks
-    reembed(str(root), state, what="w", rank=0, world=2, encoder=encoders[0], shard_size=CHUNK, progress=False,
-            log=_quiet, wait_minutes=0.1)
+    reembed(str(root), state, Reembedding("w", rank=0, world=2, encoder=encoders[0], wait_minutes=0.1),
+            BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     assert len(encoders[0].embedded) + len(encoders[1].embedded) == N
     assert len(encoders[1].embedded) == 2 * CHUNK  # chunks 1 and 3 of 0..4
     assert KnowledgeSource(str(root)).version == 2
@@ -147,14 +149,16 @@ def test_a_failed_rank_stops_rank_0_waiting(tmp_path):
     chunks.mkdir(parents=True)
     (chunks / "failed.rank1").write_text("RuntimeError: out of memory\n")
     with pytest.raises(UserError, match="out of memory"):
-        reembed(str(tmp_path / "ks"), state, what="w", world=2, shard_size=CHUNK, progress=False, log=_quiet)
+        reembed(str(tmp_path / "ks"), state, Reembedding("w", world=2),
+                BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     assert versions.current_version(tmp_path / "ks") == 1
 
 
 KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[2])
-from rag_plugin.indexing.reembed import reembed, tower_encoder
+from rag_plugin.indexing import BuildOptions
+from rag_plugin.indexing.reembed import Reembedding, reembed, tower_encoder
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from tests.indexing.test_reembed import Counting, _own_state, _perturbed, CHUNK
 
@@ -167,8 +171,8 @@ class DiesAtTheThirdChunk(Counting):
 root = sys.argv[1] + "/ks"
 ks = KnowledgeSource(root)
 state = _perturbed(_own_state(ks))
-reembed(root, state, what="x", encoder=DiesAtTheThirdChunk(tower_encoder(ks, state, "x")), shard_size=CHUNK,
-        progress=False)
+reembed(root, state, Reembedding("x", encoder=DiesAtTheThirdChunk(tower_encoder(ks, state, "x"))),
+        BuildOptions(shard_size=CHUNK, progress=False))
 """
 
 
@@ -183,7 +187,8 @@ def test_a_killed_reembedding_leaves_the_version_current_and_resumes(tmp_path):
     assert KnowledgeSource(str(root)).version == 1
     state = _perturbed(_own_state(ks))
     encoder = Counting(tower_encoder(ks, state, "x"))
-    reembed(str(root), state, what="x", encoder=encoder, shard_size=CHUNK, progress=False, log=_quiet)
+    reembed(str(root), state, Reembedding("x", encoder=encoder),
+            BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     assert len(encoder.embedded) == N - 2 * CHUNK  # the 2 chunks written before the kill are not made again
     assert KnowledgeSource(str(root)).version == 2 and _digest(root) == digest
 
@@ -193,10 +198,12 @@ def test_other_weights_discard_an_unfinished_reembedding_instead_of_mixing(tmp_p
     root = tmp_path / "ks"
     first = _perturbed(_own_state(ks), seed=3)
     half = Counting(tower_encoder(ks, first, "a"))
-    reembed(str(root), first, what="a", rank=1, world=2, encoder=half, shard_size=CHUNK, progress=False, log=_quiet)
+    reembed(str(root), first, Reembedding("a", rank=1, world=2, encoder=half),
+            BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     second = _perturbed(_own_state(ks), seed=4)
     encoder = Counting(tower_encoder(ks, second, "b"))
-    reembed(str(root), second, what="b", encoder=encoder, shard_size=CHUNK, progress=False, log=_quiet)
+    reembed(str(root), second, Reembedding("b", encoder=encoder),
+            BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     assert len(encoder.embedded) == N
     assert KnowledgeSource(str(root)).manifest["document_tower_sha256"] == state_dict_sha256(second)
 
@@ -238,7 +245,8 @@ def test_an_update_does_not_take_over_a_reembedded_version_never_made_current(tm
 
     ks = _build(tmp_path)
     root = tmp_path / "ks"
-    reembed(str(root), _perturbed(_own_state(ks)), what="x", shard_size=CHUNK, progress=False, log=_quiet)
+    reembed(str(root), _perturbed(_own_state(ks)), Reembedding("x"),
+            BuildOptions(shard_size=CHUNK, progress=False, log=_quiet))
     versions.switch_to(root, 1)  # as if killed between the rename of version 2 and the switch
     (tmp_path / "gone.txt").write_text(ks.passages.id(0) + "\n")
     updated = update_knowledge_source(str(root), delete=str(tmp_path / "gone.txt"), progress=False, log=_quiet)
@@ -249,15 +257,17 @@ def test_an_update_does_not_take_over_a_reembedded_version_never_made_current(tm
 GROUP_RANK = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
+from rag_plugin.indexing import BuildOptions
 from rag_plugin.indexing.distributed import BuildGroup
-from rag_plugin.indexing.reembed import reembed
+from rag_plugin.indexing.reembed import Reembedding, reembed
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from tests.indexing.test_reembed import CHUNK, _own_state, _perturbed
 
 root = sys.argv[1]
 group = BuildGroup.from_environment()
 state = _perturbed(_own_state(KnowledgeSource(root)))
-print("version", reembed(root, state, what="g", group=group, shard_size=CHUNK, progress=False, log=print))
+print("version", reembed(root, state, Reembedding("g"), BuildOptions(shard_size=CHUNK, progress=False, log=print,
+                                                                       group=group)))
 group.close()
 """
 

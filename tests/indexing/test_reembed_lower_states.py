@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import torch
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
 from rag_plugin.models.context import PassageTokenizer
 from rag_plugin.retrieval.encoders import lower_states as cache
 from rag_plugin.retrieval.knowledge import KnowledgeSource
@@ -26,7 +26,7 @@ def _module(*args):
 def _world(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", synthetic_passages(N, seed=5))
     ks = build_knowledge_source(str(tmp_path / "ks"), BuildSettings(passages=str(src), encoder=SPEC),
-                                progress=False, log=lambda m: None)
+                                BuildOptions(progress=False, log=lambda m: None))
     encoder = ks.load_encoder()
     tower = encoder.passage_tower
     key = cache.cache_key(cache.frozen_part(tower.state_dict(), 1), 1, ks.passages.sha256)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
 from rag_plugin.indexing.distributed import shard_builders, share
 from rag_plugin.indexing.sharding import shard_bounds
 from rag_plugin.retrieval.knowledge import KnowledgeSource
@@ -111,17 +111,19 @@ def test_num_shards_with_an_existing_faiss_index_is_refused_before_anything_is_w
     settings = BuildSettings(passages=str(src), encoder="hashing", num_shards=2,
                              index_file=str(unsharded.directory / "index.faiss"))
     with pytest.raises(UserError, match=r"--faiss-index\) cannot be cut into shards"):
-        build_knowledge_source(str(tmp_path / "ks"), settings, encoder=HashingEncoder(), progress=False,
-                               log=lambda m: None)
+        build_knowledge_source(str(tmp_path / "ks"), settings, BuildOptions(progress=False, log=lambda m: None),
+                               BuildHooks(encoder=HashingEncoder()))
     assert not (tmp_path / "ks").exists()
 
 
 def _other_build(tmp_path, num_shards):
     """A build with the same shard sizes but other passages."""
     src = write_jsonl(tmp_path / "other.jsonl", synthetic_passages(N, seed=7))
-    return build_knowledge_source(str(tmp_path / "other"), BuildSettings(passages=str(src), encoder="hashing",
+    return build_knowledge_source(str(tmp_path / "other"),
+                                  BuildSettings(passages=str(src), encoder="hashing",
                                                                          num_shards=num_shards),
-                                  encoder=HashingEncoder(), progress=False, log=lambda m: None)
+                                  BuildOptions(progress=False, log=lambda m: None),
+                                  BuildHooks(encoder=HashingEncoder()))
 
 
 @pytest.mark.parametrize("damage, message", [

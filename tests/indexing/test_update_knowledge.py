@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
 from rag_plugin.indexing.update import update_knowledge_source
 from rag_plugin.retrieval import versions
 from rag_plugin.retrieval.knowledge import KnowledgeSource
@@ -36,8 +36,9 @@ class CountingEncoder(HashingEncoder):
 def _build(tmp, rows, name, factory="Flat", num_shards=1, encoder=None):
     src = write_jsonl(tmp / f"{name}.jsonl", rows)
     settings = BuildSettings(passages=str(src), encoder="hashing", index_factory=factory, num_shards=num_shards)
-    return build_knowledge_source(str(tmp / name), settings, encoder=encoder or HashingEncoder(), shard_size=32,
-                                  progress=False, log=lambda m: None)
+    return build_knowledge_source(str(tmp / name), settings,
+                                  BuildOptions(shard_size=32, progress=False, log=lambda m: None),
+                                  BuildHooks(encoder=encoder or HashingEncoder()))
 
 
 def _changes(tmp, rows):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from rag_plugin.indexing import BuildSettings, build_knowledge_source
+from rag_plugin.indexing import BuildOptions, BuildSettings, build_knowledge_source
 from tests.conftest import ROOT, assert_one_line_error, synthetic_passages, write_jsonl
 
 SPEC = "random:dim=32,layers=1,heads=2,intermediate=64,seed=0"
@@ -26,8 +26,8 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
     rows = synthetic_passages(60, seed=4)
     src = write_jsonl(root / "p.jsonl", rows)
-    ks = build_knowledge_source(str(root / "ks"), BuildSettings(passages=str(src), encoder=SPEC), progress=False,
-                                log=lambda m: None)
+    ks = build_knowledge_source(str(root / "ks"), BuildSettings(passages=str(src), encoder=SPEC),
+                                BuildOptions(progress=False, log=lambda m: None))
     rng = np.random.default_rng(5)
     gold = []
     for i in range(12):  # a question made of some words of passage p, gold: p and another passage
@@ -106,7 +106,7 @@ def sharded(world):
     src = world["root"] / "p.jsonl"
     return build_knowledge_source(str(world["root"] / "ks3"), BuildSettings(passages=str(src), encoder=SPEC,
                                                                              num_shards=3),
-                                  progress=False, log=lambda m: None)
+                                  BuildOptions(progress=False, log=lambda m: None))
 
 
 @pytest.mark.parametrize("private", [False, True])

