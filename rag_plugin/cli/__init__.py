@@ -1,2 +1,2 @@
-"""Every command line of the plugin: one module per console script (see setup.py), each a parser
-and a ``main(argv=None) -> int``. ``scripts/`` holds thin entry points over these modules."""
+"""Every command line of the plugin: one module per console script (setup.py's CONSOLE_SCRIPTS, the one
+table of them), each a parser and a ``main(argv=None) -> int``."""

@@ -32,8 +32,8 @@ def check_readable(out):
 
 
 def run_prepare(dataset, *args):
-    """``scripts/prepare.py DATASET ARGS --quiet`` (the thin wrapper over ``rag-prepare``)."""
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "prepare.py"), dataset, *map(str, args), "--quiet"],
+    """``rag-prepare DATASET ARGS --quiet`` (the console script, as installed)."""
+    return subprocess.run([str(Path(sys.executable).parent / "rag-prepare"), dataset, *map(str, args), "--quiet"],
                           capture_output=True, text=True, cwd=str(REPO), timeout=120)
 
 

@@ -1,8 +1,9 @@
-"""The command lines of the datasets package: rag-prepare (rag_plugin.cli.prepare), its thin
-scripts/prepare.py wrapper, and rag-pretraining-data (rag_plugin.cli.pretraining_data)."""
+"""The command lines of the datasets package: rag-prepare (rag_plugin.cli.prepare) and
+rag-pretraining-data (rag_plugin.cli.pretraining_data), as their console scripts and modules."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records
 from tests.datasets.dataset_fixtures import REPO, assert_one_line_error, read_jsonl, run_prepare
@@ -54,7 +55,7 @@ def test_pretraining_data_writes_the_records_of_the_library(tiny_world, tmp_path
     for objective, records in (("denoise", denoising_records(passages, 5, 12)),
                                ("pseudo-questions", pseudo_question_records(passages, 5))):
         out = tmp_path / objective
-        proc = subprocess.run([sys.executable, str(REPO / "scripts" / "make_denoising_data.py"), "--knowledge",
+        proc = subprocess.run([str(Path(sys.executable).parent / "rag-pretraining-data"), "--knowledge",
                                tiny_world["ks"], "--out", out, "--objective", objective, "--valid", "3",
                                "--seed", "5", "--max-words", "12"], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
 """CuratedTrec training targets: pattern expansion, the most frequent retrieved match,
-scripts/curatedtrec_targets.py on a tiny knowledge source, and the task's refusal of raw patterns."""
+rag-curatedtrec-targets on a tiny knowledge source, and the task's refusal of raw patterns."""
 import json
 import subprocess
 import sys
@@ -17,6 +17,7 @@ from rag_plugin.datasets.curatedtrec import (
 from rag_plugin.util.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
+CURATEDTREC_TARGETS = str(Path(sys.executable).parent / "rag-curatedtrec-targets")  # as installed
 FLINT = r"Charles\s+Flint|Flint"
 
 
@@ -176,7 +177,7 @@ def test_script_on_tiny_knowledge_source(tiny_world, tmp_path):
     data = _regex_data(tiny_world, tmp_path / "ct")
     before_test = (data / "test.jsonl").read_text()
     out = tmp_path / "ct_targets"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "curatedtrec_targets.py"), "--data", str(data),
+    proc = subprocess.run([CURATEDTREC_TARGETS, "--data", str(data),
                            "--knowledge", str(tiny_world["ks"]), "--out", str(out), "--quiet"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -198,7 +199,7 @@ def test_script_on_tiny_knowledge_source(tiny_world, tmp_path):
 
 
 def test_script_bad_data_dir_is_one_line_error(tiny_world, tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "curatedtrec_targets.py"), "--data",
+    proc = subprocess.run([CURATEDTREC_TARGETS, "--data",
                            str(tmp_path / "nope"), "--knowledge", str(tiny_world["ks"])],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2

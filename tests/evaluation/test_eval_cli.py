@@ -1,4 +1,4 @@
-"""rag-evaluate and rag-leaderboard end to end (subprocess: scripts/ wrappers and rag_plugin.cli modules)."""
+"""rag-evaluate and rag-leaderboard end to end (subprocess: the console scripts and rag_plugin.cli modules)."""
 import json
 import math
 import os
@@ -12,13 +12,13 @@ from rag_plugin.evaluation import metrics
 from tests.evaluation.eval_data import GOLD_QA, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
-EVALUATE = REPO / "scripts" / "evaluate.py"
-LEADERBOARD = REPO / "scripts" / "leaderboard.py"
+EVALUATE = Path(sys.executable).parent / "rag-evaluate"  # the console scripts, as installed
+LEADERBOARD = Path(sys.executable).parent / "rag-leaderboard"
 
 
 def run(script, *args, cwd=None):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=120)
 
 

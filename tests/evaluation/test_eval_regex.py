@@ -103,7 +103,7 @@ def test_answer_in_top_k_in_evaluate_uses_the_pattern(tmp_path):
 
 
 def test_derived_targets_are_scored_against_the_kept_pattern(tmp_path):
-    """After scripts/curatedtrec_targets.py: answers are concrete, meta.answer_pattern holds the pattern."""
+    """After rag-curatedtrec-targets: answers are concrete, meta.answer_pattern holds the pattern."""
     gold = _gold(tmp_path / "train.jsonl", [
         {"id": "a", "input": "q", "output": [{"answer": "Charles Flint"}],
          "meta": {"answer_is_regex": True, "answer_pattern": [FLINT], "target_from": "retrieved"}}])

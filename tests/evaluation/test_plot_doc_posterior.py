@@ -19,7 +19,7 @@ RECORD = {"sample_id": 3, "tokens": ["\u2581Hem", "ing", "way", "</s>"], "text":
 
 def _run(*args):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(list(map(str, args)), capture_output=True, text=True, env=env, timeout=120)
 
 
 @pytest.mark.parametrize("entry", ["script", "module"])
@@ -27,8 +27,8 @@ def test_plot_doc_posterior(tmp_path, entry):
     f = tmp_path / "post.jsonl"
     f.write_text(json.dumps(dict(RECORD, sample_id=1)) + "\n\n" + json.dumps(RECORD) + "\n")
     out = tmp_path / "p.png"
-    command = [REPO / "scripts/plot_doc_posterior.py"] if entry == "script" else \
-        ["-m", "rag_plugin.cli.plot_doc_posterior"]
+    command = [Path(sys.executable).parent / "rag-plot-posterior"] if entry == "script" else \
+        [sys.executable, "-m", "rag_plugin.cli.plot_doc_posterior"]
     r = _run(*command, f, "--sample", "3", "--out", out)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
