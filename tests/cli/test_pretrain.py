@@ -64,6 +64,15 @@ def test_rag_train_reads_the_packaged_recipe_as_fairseq_parses_it():
     assert parsed["dataset"]["validate_interval_updates"] == 100 and parsed["model"]["generator_checkpoint"] == "GEN"
 
 
+def test_the_recipe_ships_as_package_data(tmp_path):
+    """What setup.py builds (what a wheel holds) has recipe/tiny.yaml beside the package's code."""
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    shipped = tmp_path / "rag_plugin" / "pipeline" / "config" / "recipe" / "tiny.yaml"
+    assert shipped.read_text() == RECIPE_FILE.read_text()
+
+
 def shown_commands(stdout: str):
     return [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("$ ")]
 
