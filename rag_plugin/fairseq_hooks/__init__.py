@@ -44,13 +44,14 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    import fairseq
+    import fairseq  # start-up: rag-user-dir and ``import rag_plugin`` import this package without fairseq
 
     version = getattr(fairseq, "__version__", "unknown")
     if version not in SUPPORTED_FAIRSEQ:
         logger.warning("rag_plugin's command-line hooks were written for fairseq %s, this is %s: not installed "
                        "(errors come as fairseq's tracebacks)", " / ".join(SUPPORTED_FAIRSEQ), version)
         return False
+    # the hooks import fairseq's internals at their top: only once its version is known to be one they were written for
     from rag_plugin.fairseq_hooks.checkpoints import allow_fairseq_checkpoints, guard_fairseq_checkpoints
     from rag_plugin.fairseq_hooks.distributed import bound_collective_waits, torch_ddp_on_cpu
     from rag_plugin.fairseq_hooks.excepthook import install_excepthook

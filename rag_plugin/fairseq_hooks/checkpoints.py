@@ -9,10 +9,15 @@
 * the copies fairseq makes of a just-saved checkpoint land atomically.
 """
 import os
+import shutil
 
 import torch
+from fairseq import checkpoint_utils
+from fairseq.distributed.utils import _TensorPlaceholder
+from fairseq.file_io import PathManager
 
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.io import atomic_path
 from rag_plugin.util.safe_load import checkpoint_load_error, checkpoint_safe_globals
 
 
@@ -22,8 +27,6 @@ def allow_fairseq_checkpoints() -> None:
     On a distributed resume rank 0 broadcasts the checkpoint with fairseq's tensor
     placeholders, which the other ranks unpickle: allowed too.
     """
-    from fairseq.distributed.utils import _TensorPlaceholder
-
     torch.serialization.add_safe_globals(checkpoint_safe_globals() + [_TensorPlaceholder])
 
 
@@ -39,10 +42,6 @@ def _from_torch_load(tb) -> bool:
 
 def _atomic_copyfile(src: str, dst: str) -> str:
     """Copy ``src`` onto ``dst`` through a temporary file beside ``dst`` and a rename."""
-    import shutil
-
-    from rag_plugin.util.io import atomic_path
-
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
     return dst
@@ -117,9 +116,6 @@ def guard_fairseq_checkpoints() -> None:
 
     Idempotent.
     """
-    from fairseq import checkpoint_utils
-    from fairseq.file_io import PathManager
-
     if getattr(checkpoint_utils, "_rag_plugin_guarded", False):
         return
     checkpoint_utils.load_checkpoint_to_cpu = _guarded_load_to_cpu(checkpoint_utils.load_checkpoint_to_cpu, PathManager)

@@ -22,6 +22,10 @@ changes. So ``--cpu --ddp-backend pytorch_ddp`` trains with torch's DDP (gloo), 
 import datetime
 import functools
 
+import torch.distributed as dist
+from fairseq.distributed import utils as distributed_utils
+from fairseq.models import distributed_fairseq_model
+
 from rag_plugin.fairseq_hooks import excepthook, rank_errors
 
 
@@ -48,16 +52,12 @@ def bound_collective_waits() -> None:
     and the groups fairseq makes later with ``new_group`` (data parallel, which its all-reduces
     use); once they are set up, start the relay of one-line errors between ranks
     (:mod:`rag_plugin.fairseq_hooks.rank_errors`). Idempotent."""
-    from fairseq.distributed import utils as distributed_utils
-
     plain = distributed_utils.distributed_init
     if getattr(plain, "_rag_plugin", False):
         return
 
     @functools.wraps(plain)
     def distributed_init(cfg):
-        import torch.distributed as dist
-
         training = getattr(cfg, "distributed_training", cfg)
         seconds = getattr(training, "heartbeat_timeout", -1) or -1
         if seconds > 0:
@@ -91,9 +91,7 @@ def _ddp_for_module(ddp_class):
 def torch_ddp_on_cpu() -> None:
     """Let fairseq wrap a CPU model in torch's DistributedDataParallel (``--cpu --ddp-backend pytorch_ddp``).
     Idempotent."""
-    from fairseq.models import distributed_fairseq_model as wrapping
-
-    current = wrapping.DistributedDataParallel
+    current = distributed_fairseq_model.DistributedDataParallel
     if getattr(current, "_rag_plugin_plain", None) is not None:
         return
-    wrapping.DistributedDataParallel = _ddp_for_module(current)
+    distributed_fairseq_model.DistributedDataParallel = _ddp_for_module(current)

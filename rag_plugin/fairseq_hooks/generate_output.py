@@ -8,12 +8,12 @@ it runs, ``fairseq.tasks.setup_task``, so that the task it creates is given the 
 """
 import functools
 
+from fairseq import tasks
+from fairseq_cli import generate
+
 
 def install_generate_output() -> None:
     """Idempotent."""
-    from fairseq import tasks
-    from fairseq_cli import generate
-
     plain_main = generate._main
     if getattr(plain_main, "_rag_plugin", False):
         return

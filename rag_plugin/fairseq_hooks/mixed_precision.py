@@ -12,7 +12,7 @@
   and ``--amp-init-scale`` as the window).
 * ``--fp16`` / ``--bf16`` (``FP16Optimizer``, float32 master weights): the master copies carry the
   ``lr_scale`` tag of the parameters they copy (the query and document encoders',
-  :func:`rag_plugin.models.rag.scale_learning_rate`), so that an optimizer that gives those
+  :func:`rag_plugin.optim.lr_scale.scale_learning_rate`), so that an optimizer that gives those
   parameters weight decay x their lr scale (``torch_adamw``) still does. A flat master tensor holds
   parameters of every scale and cannot: when the optimizer would decay them apart, the master weights
   are kept unflattened, as with ``--fp16-no-flatten-grads`` (logged). The parameter groups, and so the
@@ -36,6 +36,11 @@ import logging
 import sys
 
 import torch
+from fairseq import options
+from fairseq.optim import OPTIMIZER_REGISTRY
+from fairseq.optim.amp_optimizer import AMPOptimizer
+from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer, _FP16OptimizerMixin
+from omegaconf import OmegaConf, open_dict
 
 from rag_plugin.util.errors import UserError
 
@@ -83,8 +88,6 @@ def _amp_clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
 def fix_amp_optimizer() -> None:
     """Patch fairseq's ``AMPOptimizer``: one unscale per step, the ``--amp-*`` scaler options, and a
     one-line error for ``--amp`` with ``--bf16``. Idempotent."""
-    from fairseq.optim.amp_optimizer import AMPOptimizer
-
     if _installed(AMPOptimizer, "clip_grad_norm"):
         return
     plain_init = AMPOptimizer.__init__
@@ -110,7 +113,7 @@ def fix_amp_optimizer() -> None:
 
 # ------------------------------------------------------------------------------------- --fp16 / --bf16
 def lr_scales(params) -> set:
-    """The learning-rate scales that :func:`~rag_plugin.models.rag.scale_learning_rate` tagged ``params``
+    """The learning-rate scales that :func:`~rag_plugin.optim.lr_scale.scale_learning_rate` tagged ``params``
     with (1.0 for an untagged parameter)."""
     return {float(getattr(p, "lr_scale", 1.0)) for p in params}
 
@@ -118,8 +121,6 @@ def lr_scales(params) -> set:
 def decays_apart(optimizer_cfg, params) -> bool:
     """Whether the optimizer of ``optimizer_cfg`` gives ``params`` weight decays by their lr scale
     (``torch_adamw`` with ``--weight-decay`` over parameters of more than one scale)."""
-    from fairseq.optim import OPTIMIZER_REGISTRY
-
     optimizer = OPTIMIZER_REGISTRY.get(getattr(optimizer_cfg, "_name", None))
     return (getattr(optimizer, "decays_by_lr_scale", False)
             and float(getattr(optimizer_cfg, "weight_decay", 0.0) or 0.0) != 0.0
@@ -127,8 +128,6 @@ def decays_apart(optimizer_cfg, params) -> bool:
 
 
 def _set_no_flatten(common) -> None:
-    from omegaconf import OmegaConf, open_dict
-
     if OmegaConf.is_config(common):
         with open_dict(common):
             common.fp16_no_flatten_grads = True
@@ -139,8 +138,6 @@ def _set_no_flatten(common) -> None:
 def fix_fp16_master_weights() -> None:
     """Patch fairseq's ``FP16Optimizer``: master weights keep the ``lr_scale`` tag, and are not flattened
     where a flat tensor would lose it. Idempotent."""
-    from fairseq.optim.fp16_optimizer import FP16Optimizer, _FP16OptimizerMixin
-
     if _installed(_FP16OptimizerMixin, "build_fp32_params"):
         return
     plain_fp32 = _FP16OptimizerMixin.__dict__["build_fp32_params"].__func__
@@ -174,8 +171,6 @@ def fix_fp16_master_weights() -> None:
 def refuse_memory_efficient_scaled_towers() -> None:
     """Patch fairseq's ``MemoryEfficientFP16Optimizer``: refused while a tower learns at a fraction of
     ``--lr`` (its updates of 16-bit weights round away). Idempotent."""
-    from fairseq.optim.fp16_optimizer import MemoryEfficientFP16Optimizer
-
     if _installed(MemoryEfficientFP16Optimizer, "build_optimizer"):
         return
     plain_build = MemoryEfficientFP16Optimizer.__dict__["build_optimizer"].__func__
@@ -205,8 +200,6 @@ def _given(argv, *flags) -> bool:
 def bf16_without_tpu() -> None:
     """Patch fairseq's ``options.parse_args_and_arch``: ``--bf16`` (``--memory-efficient-bf16``) no
     longer implies ``--tpu``; ``--bf16`` with ``--fp16`` is a one-line error. Idempotent."""
-    from fairseq import options
-
     plain = options.parse_args_and_arch
     if getattr(plain, "_rag_plugin_bf16", False):
         return

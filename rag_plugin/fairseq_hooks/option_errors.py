@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
+from fairseq import options
+
 from rag_plugin.generation.options import REPLACE_UNK
 from rag_plugin.util.errors import UserError, exception_chain
 
@@ -166,8 +168,6 @@ OPTION_MESSAGES = (missing_accelerator_message, unsupported_option_message, resu
 def refuse_bad_update_freq() -> None:
     """Patch fairseq's ``options.parse_args_and_arch``: an ``--update-freq`` value below 1 is a one-line error
     (fairseq takes it and divides by it when training starts). Idempotent."""
-    from fairseq import options  # fairseq: the hooks are installed on fairseq's command lines only
-
     plain = options.parse_args_and_arch
     if getattr(plain, "_rag_plugin_update_freq", False):
         return

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+import torch.distributed as dist
+
 logger = logging.getLogger(__name__)
 
 #: the line of the first rank that stopped on a one-line error
@@ -118,11 +120,9 @@ def start_relay(stop: Callable[[str], None]) -> Optional[ErrorRelay]:
     """Start this rank's relay (after torch.distributed is initialised; a world of one needs none); ``stop(line)``
     ends the process with another rank's line."""
     global _relay
-    import torch.distributed as dist
-
     if _relay is not None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return _relay
-    try:
+    try:  # a private name of torch's, which another torch may lack: imported where that is caught
         from torch.distributed.distributed_c10d import _get_default_store
 
         store = _get_default_store()

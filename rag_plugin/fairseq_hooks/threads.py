@@ -10,6 +10,8 @@ machine's load is already above its cores. (The FAISS threads of a step: :mod:`r
 import logging
 import os
 
+import torch
+
 from rag_plugin.retrieval.threads import local_processes, threads_per_process, usable_cores
 
 logger = logging.getLogger(__name__)
@@ -17,8 +19,6 @@ logger = logging.getLogger(__name__)
 
 def choose_threads() -> int:
     """Set torch's intra-op threads for this process (unless ``OMP_NUM_THREADS`` says) and log them."""
-    import torch
-
     if os.environ.get("OMP_NUM_THREADS"):
         logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
         return torch.get_num_threads()

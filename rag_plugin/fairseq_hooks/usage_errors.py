@@ -15,6 +15,8 @@ import argparse
 import functools
 import sys
 
+from fairseq import options
+
 from rag_plugin.util.errors import usage_error_message
 
 HELP_FLAGS = ("-h", "--help")
@@ -54,8 +56,6 @@ def _help_arguments(argv):
 def install_full_help() -> None:
     """Make ``--help`` of fairseq's two-pass parsing list every option of the chosen task, model,
     criterion and optimizer. Idempotent."""
-    from fairseq import options
-
     plain = options.parse_args_and_arch
     if getattr(plain, "_rag_plugin", False):
         return

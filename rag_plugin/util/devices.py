@@ -19,14 +19,14 @@ DEVICE_HELP = ("cpu, cuda (this process's current GPU) or cuda:N; default: cuda 
 
 def current_cuda_device():
     """``cuda:<torch.cuda.current_device()>``: the GPU this process (rank) was given."""
-    import torch
+    import torch  # start-up: the command lines' --help imports this module for DEVICE_HELP
 
     return torch.device("cuda", torch.cuda.current_device())
 
 
 def model_device(model):
     """The device of ``model``'s first parameter (cpu for a model without any)."""
-    import torch
+    import torch  # start-up (DEVICE_HELP)
 
     for parameter in model.parameters():
         return parameter.device
@@ -37,7 +37,7 @@ def resolve_device(name: Optional[str], option: str = "--device"):
     """The ``torch.device`` that ``name`` asks for: None or ``auto``: this process's GPU when CUDA is available,
     else the CPU; ``cuda``: this process's current GPU; ``cuda:N``: that one. A GPU asked for where there is none
     (or not that many) is a one-line :class:`UserError`."""
-    import torch
+    import torch  # start-up (DEVICE_HELP)
 
     text = "auto" if name is None else str(name).strip().lower()
     if text == "auto":

@@ -9,6 +9,7 @@ same one-line errors from :mod:`rag_plugin.fairseq_hooks.excepthook`.)
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Callable, Iterator, Optional
 
@@ -40,8 +41,7 @@ class UserError(Exception):
 
 def usage_error_message(message: str) -> str:
     """argparse's message, shortened: an ``invalid choice`` names close matches, not every choice."""
-    import difflib
-    import re
+    import difflib  # start-up: every command line imports this module; only an invalid choice needs difflib
 
     m = re.match(r"(argument \S+: invalid choice: '(.*?)') \(choose from (.*)\)$", message, re.S)
     if not m:
@@ -76,7 +76,7 @@ def cli_main(func: Callable[..., Optional[int]]) -> Callable[..., int]:
 
 def is_refused_pickle(exc: BaseException) -> bool:
     """Whether ``exc`` is torch refusing (``weights_only=True``) to unpickle code."""
-    import pickle
+    import pickle  # start-up: every command line imports this module; only a refused checkpoint needs pickle
 
     return isinstance(exc, pickle.UnpicklingError) and "weights_only" in str(exc)
 

@@ -20,6 +20,8 @@ import zlib
 from pathlib import Path
 from typing import IO, Iterator, Optional, Tuple, Union
 
+from rag_plugin.util.errors import UserError
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -65,8 +67,6 @@ def is_gzip(path: PathLike) -> bool:
 def require_file(path: PathLike, what: str = "input file", fix: Optional[str] = None) -> Path:
     """``path`` as a :class:`~pathlib.Path` if it is an existing file, else a one-line
     :class:`~rag_plugin.util.errors.UserError` saying which ``what`` is missing."""
-    from rag_plugin.util.errors import UserError
-
     p = Path(path)
     if not p.exists():
         raise UserError(f"{what} not found", path=str(p), fix=fix or "check the path")
@@ -93,8 +93,6 @@ def open_text(path: PathLike, newline: Optional[str] = None, what: str = "input 
 def decoded_lines(fh, path) -> Iterator[Tuple[int, str]]:
     """``(line number, text)`` of an open binary file, line ends kept; a line that is not
     UTF-8 is a one-line :class:`~rag_plugin.util.errors.UserError` naming the file and line."""
-    from rag_plugin.util.errors import UserError
-
     for lineno, raw in enumerate(fh, 1):
         try:
             yield lineno, raw.decode("utf-8")
@@ -111,8 +109,6 @@ def iter_jsonl(path: PathLike, fix: str = JSONL_FIX, what: str = "input file") -
     gzip), streamed. A missing file, a line that is not UTF-8, not JSON or not a JSON object, and
     a damaged ``.gz`` are one-line :class:`~rag_plugin.util.errors.UserError` s naming the file
     and line; ``fix`` says what a line should look like, ``what`` what the file is."""
-    from rag_plugin.util.errors import UserError
-
     with open_binary(path, what) as fh:
         try:
             for lineno, line in decoded_lines(fh, path):
@@ -139,8 +135,6 @@ READ_ERRORS = (OSError, EOFError, zlib.error)
 
 def unreadable_file_error(path: PathLike, err: BaseException):
     """The one-line error for an input that broke while being read (a truncated or corrupt ``.gz``)."""
-    from rag_plugin.util.errors import UserError
-
     if is_gzip(path):
         return UserError(f"not a readable gzip file ({err})", path=str(path),
                          fix="download it again, or pass the decompressed file")
@@ -163,8 +157,6 @@ def first_invalid_utf8_line(path: PathLike) -> Tuple[int, int]:
 
 def utf8_error(path: PathLike):
     """The one-line :class:`~rag_plugin.util.errors.UserError` for a file that is not UTF-8."""
-    from rag_plugin.util.errors import UserError
-
     try:
         lineno, start = first_invalid_utf8_line(path)
     except (OSError, EOFError):

@@ -18,7 +18,7 @@ def import_fairseq_quietly() -> None:
     disabled = logging.root.manager.disable
     logging.disable(logging.INFO)  # the messages logged while importing (e.g. "Please install tensorboardX")
     try:
-        import fairseq  # noqa: F401
+        import fairseq  # noqa: F401  (start-up: importing fairseq is this function's work, on demand)
     finally:
         logging.disable(disabled)
         for handler in list(root.handlers):

@@ -35,7 +35,7 @@ def checkpoint_safe_globals() -> list:
     """The types a checkpoint may contain besides tensors and builtin containers: ``argparse.Namespace``
     and the omegaconf containers (left out where omegaconf is not installed: nothing then needs them)."""
     allowed = [dict, list, int, collections.defaultdict, argparse.Namespace]
-    try:
+    try:  # optional dependency: omegaconf comes with fairseq
         from omegaconf import DictConfig, ListConfig
         from omegaconf.base import ContainerMetadata, Metadata
         from omegaconf.nodes import AnyNode
