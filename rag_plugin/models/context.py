@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from rag_plugin.core.input_format import InputFormat
+from rag_plugin.retrieval.retriever import Retriever
 from rag_plugin.retrieval.shared import SharedOnCopy
 from rag_plugin.util.errors import UserError
 
@@ -45,9 +46,9 @@ class RetrievalContext(SharedOnCopy):
     n_docs: int
     #: the generator input format the knowledge source's passages are pre-tokenized for
     input_format: InputFormat
-    #: a :class:`rag_plugin.retrieval.retriever.Retriever` (dense: searched with the model's query
-    #: encoder; BM25: rows fixed per question by the dataset, the retriever gives the passages), or None
-    retriever: Optional[object] = None
+    #: dense (searched with the model's query vectors), BM25 (rows fixed per question by the dataset) or hybrid;
+    #: None closed book (and for a converted model's weights alone)
+    retriever: Optional[Retriever] = None
     #: p(z|x) = softmax(scale * q.d), the automatic value already resolved
     doc_score_scale: float = 1.0
     #: what the model is trained with, saved in its checkpoints (encoder identity, knowledge source
@@ -62,6 +63,11 @@ class RetrievalContext(SharedOnCopy):
     serving: bool = False
     #: the checkpoint served (named in the fix of a mismatch), when the task knows it
     checkpoint: Optional[str] = None
+
+    def __post_init__(self):
+        if self.retriever is not None and not isinstance(self.retriever, Retriever):
+            raise TypeError(f"{type(self.retriever).__name__} is not a Retriever (rag_plugin/retrieval/retriever.py: "
+                            f"trainable, store, search, retrieve)")
 
     def check_trained_encoder(self, encoder_identity: dict, document_tower_trained: bool = False) -> None:
         """A one-line error if the checkpoint's document encoder is not this knowledge source's. A model that
