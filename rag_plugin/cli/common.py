@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Tuple
 
-from rag_plugin.util.errors import UserError
+from rag_plugin.util.errors import UserError, usage_error_message
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -22,8 +22,6 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse's API
-        from rag_plugin.util.errors import usage_error_message
-
         raise UserError(usage_error_message(message), fix=f"see {self.prog} --help")
 
 

@@ -19,13 +19,11 @@ from rag_plugin.util.errors import cli_main
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="rag-convert-hf", description=__doc__)
-    p.add_argument("--hf-dir", required=True, help="folder written by RagTokenForGeneration/RagSequenceForGeneration"
-                                                   ".save_pretrained (+ RagTokenizer.save_pretrained)")
+    p.add_argument("--hf-dir", required=True, help="a transformers RAG folder (the model's and its RagTokenizer's "
+                                                   "save_pretrained)")
     p.add_argument("--out", required=True, help="output checkpoint directory (new or empty; see --overwrite)")
     p.add_argument("--input-format", default="hf", metavar="hf|plugin|FILE",
-                   help="hf: the reference's 'title / text // question' (outputs match the reference); plugin: "
-                        "'<s> question </s> title </s> text </s>' (e.g. to fine-tune in that format); or an "
-                        "input_format.json")
+                   help="the generator's input: hf (the reference's), plugin, or an input_format.json")
     p.add_argument("--variant", choices=("token", "sequence"), default=None,
                    help="RAG-Token or RAG-Sequence (default: from config.json's architectures)")
     p.add_argument("--max-source-positions", type=int, default=None,
@@ -38,7 +36,7 @@ def build_parser() -> ArgumentParser:
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from rag_plugin.conversion.hf_rag import convert_hf_rag
+    from rag_plugin.conversion.hf_rag import convert_hf_rag  # start-up: torch and fairseq, not needed by --help
 
     convert_hf_rag(args.hf_dir, args.out, input_format=args.input_format, variant=args.variant,
                    max_source_positions=args.max_source_positions, knowledge=args.knowledge,

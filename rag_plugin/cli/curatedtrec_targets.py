@@ -39,7 +39,7 @@ def build_parser() -> ArgumentParser:
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from rag_plugin.datasets.curatedtrec import derive_targets
+    from rag_plugin.datasets.curatedtrec import derive_targets  # start-up: not needed by --help
 
     summary = derive_targets(args.data, args.knowledge, k=args.k, out=args.out, splits=args.splits,
                              bm25=args.bm25, batch_size=max(1, args.batch_size),

@@ -12,16 +12,15 @@ import json
 import sys
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.util.devices import DEVICE_HELP
 from rag_plugin.util.errors import UserError, cli_main
 
 
 def build_parser() -> ArgumentParser:
-    from rag_plugin.util.devices import DEVICE_HELP
-
     p = ArgumentParser(prog="rag-interactive", description=__doc__)
     p.add_argument("checkpoint", help="a checkpoint*.pt written by fairseq-train with the plugin")
     p.add_argument("--knowledge", default=None,
-                   help="knowledge source to retrieve from (default: the one the checkpoint was trained with)")
+                   help="knowledge source to retrieve from (default: the checkpoint's)")
     p.add_argument("--n-docs", type=int, default=None, help="documents per question (default: the checkpoint's)")
     p.add_argument("--rag-decoding", choices=("thorough", "fast"), default=None,
                    help="RAG-Sequence decoding (default: the checkpoint's)")
@@ -67,7 +66,7 @@ def _print_text(result: dict, passages: int) -> None:
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from rag_plugin.hub import RAG
+    from rag_plugin.hub import RAG  # start-up: torch and fairseq, not needed by --help
 
     rag = RAG.from_pretrained(args.checkpoint, knowledge=args.knowledge, n_docs=args.n_docs,
                               rag_decoding=args.rag_decoding, device=args.device)

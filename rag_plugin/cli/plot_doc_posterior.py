@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Optional
 
 from rag_plugin.cli.common import ArgumentParser
-from rag_plugin.evaluation.readers import iter_jsonl
 from rag_plugin.util.errors import UserError, cli_main
-from rag_plugin.util.io import atomic_path
+from rag_plugin.util.io import atomic_path, iter_jsonl
 
 RECORD_FIX = "use the file written by fairseq-generate --doc-posterior-out"
 
@@ -40,13 +39,13 @@ def load_record(path: str, sample: Optional[int]) -> dict:
 
 def plot(rec: dict, out: str, question: str = "") -> None:
     """Draw ``rec``'s posterior p(z | x, y_i, y<i) (documents x tokens) into the PNG file ``out``."""
-    try:
+    try:  # optional dependency (the [plot] extra)
         import matplotlib
     except ImportError:
         raise UserError("rag-plot-posterior needs matplotlib", fix="pip install -e .[plot]") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # after choosing the backend
+    import numpy as np  # start-up: --help needs no numpy
 
     post = np.asarray(rec["posterior"], dtype=float)  # [K, T]
     tokens = [t.replace("\u2581", " ").strip() or "\u2423" for t in rec["tokens"]]

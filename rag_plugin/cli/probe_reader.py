@@ -17,13 +17,12 @@ from __future__ import annotations
 import sys
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.util.devices import DEVICE_HELP
 from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.util.io import atomic_write_json
 
 
 def build_parser() -> ArgumentParser:
-    from rag_plugin.util.devices import DEVICE_HELP
-
     p = ArgumentParser(prog="rag-probe-reader", description=__doc__)
     p.add_argument("--checkpoint", required=True, help="a RAG or FiD checkpoint*.pt written by fairseq-train")
     p.add_argument("--data", required=True, help="KILT-style JSONL with answers and gold passage provenance")
@@ -39,7 +38,7 @@ def build_parser() -> ArgumentParser:
 
 
 def format_table(result, label: str) -> str:
-    from rag_plugin.evaluation.reader_probe import CONDITIONS
+    from rag_plugin.evaluation.reader_probe import CONDITIONS  # start-up: imports torch and fairseq
 
     lines = [f"{label}: {result.n} questions, K = {result.k} (chance share {1 / result.k:.3f})"
              + (f"; {result.skipped} records skipped (no gold passage in the knowledge source)" if result.skipped
@@ -58,6 +57,7 @@ def main(argv=None) -> int:
                                ("--batch-size", args.batch_size, 1)):
         if value < least:
             raise UserError(f"{flag} {value}: must be at least {least}", fix=f"pass {flag} {least} or more")
+    # start-up (--help needs none of them); and fairseq is imported quietly before the modules that import it
     from tqdm.auto import tqdm
 
     from rag_plugin.util.quiet_import import import_fairseq_quietly

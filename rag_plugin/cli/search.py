@@ -24,7 +24,7 @@ from typing import List, Tuple
 
 from rag_plugin.cli.common import ArgumentParser
 from rag_plugin.util.errors import UserError, cli_main
-from rag_plugin.util.io import decoded_lines
+from rag_plugin.util.io import atomic_path, decoded_lines
 
 
 def read_questions(path: str) -> List[str]:
@@ -54,7 +54,7 @@ def questions_and_ids(args) -> Tuple[List[str], List[str]]:
     if args.queries is not None:
         questions = read_questions(args.queries)
         return questions, [str(i) for i in range(len(questions))]
-    from rag_plugin.data.kilt import read_kilt
+    from rag_plugin.data.kilt import read_kilt  # start-up: dataclasses and logging, not needed by --help
 
     records = read_kilt(args.data_file, require_answers=False)
     return [r.input for r in records], [r.id for r in records]
@@ -73,12 +73,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--nprobe", type=int, default=None, help="IVF lists to visit")
     p.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth")
     p.add_argument("--private-index", action="store_true",
-                   help="read a private copy of the FAISS index (default: mapped read-only, shared by the processes "
-                        "of this machine)")
+                   help="read a private copy of the FAISS index instead of the shared read-only mapping")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--bm25", action="store_true", help="BM25 over the passage texts instead of the dense index")
     which.add_argument("--hybrid", action="store_true",
-                       help="dense and BM25 candidates fused (as --retriever hybrid in training and generation)")
+                       help="fuse dense and BM25 candidates (as --retriever hybrid does)")
     p.add_argument("--fusion", choices=("rrf", "weighted"), default="rrf",
                    help="--hybrid: reciprocal rank fusion or min-max normalised weighted scores")
     p.add_argument("--rrf-k", type=float, default=60.0, help="--fusion rrf: the k of 1 / (k + rank)")
@@ -104,7 +103,7 @@ def kilt_record(qid: str, question: str, found: List[dict]) -> dict:
 
 
 def _retriever(args):
-    from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
+    from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever  # start-up: numpy, faiss, bm25s
 
     if args.bm25:
         return BM25Retriever.from_dir(args.knowledge)
@@ -112,7 +111,7 @@ def _retriever(args):
                                     index_mode="private" if args.private_index else "shared")
     if not args.hybrid:
         return dense
-    from rag_plugin.retrieval.hybrid import HybridRetriever
+    from rag_plugin.retrieval.hybrid import HybridRetriever  # start-up
 
     candidates = args.hybrid_candidates or max(20, 2 * args.k)
     if candidates < args.k:
@@ -144,8 +143,6 @@ def main(argv=None) -> int:
     if args.kilt_out is None:
         search(args, sys.stdout, None)
         return 0
-    from rag_plugin.util.io import atomic_path
-
     with atomic_path(args.kilt_out) as tmp, open(tmp, "w", encoding="utf-8") as kilt:
         search(args, sys.stdout, kilt)
     print(f"wrote {args.kilt_out}", file=sys.stderr)

@@ -44,7 +44,7 @@ def build_parser() -> ArgumentParser:
 
 def training_text(passage_files: Sequence[str], question_files: Sequence[str]) -> List[str]:
     """The lines SentencePiece trains on: titles, passage texts, then questions and answers."""
-    from rag_plugin.data.kilt import read_kilt
+    from rag_plugin.data.kilt import read_kilt  # start-up: --help needs neither (numpy for the passages)
     from rag_plugin.retrieval.passages import read_collection
 
     lines: List[str] = []
@@ -58,7 +58,7 @@ def training_text(passage_files: Sequence[str], question_files: Sequence[str]) -
 
 def train(lines: List[str], out: Path, args) -> int:
     """spm.model, spm.vocab and dict.txt under ``out``; the number of dict.txt lines."""
-    from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm
+    from rag_plugin.datasets.vocab import train_spm, write_fairseq_dict_from_spm  # start-up (sentencepiece)
 
     try:
         train_spm(lines, out / "spm.model", out / "spm.vocab", vocab_size=args.size, model_type=args.model_type,
