@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+from safetensors.torch import load_file
 
 from rag_plugin.conversion import hf_bart
 from rag_plugin.core.input_format import InputFormat
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.safe_load import safe_torch_load
 
 #: transformers' class name in ``config.json``'s ``architectures`` -> the plugin's variant
 VARIANTS = {"RagTokenForGeneration": "token", "RagSequenceForGeneration": "sequence"}
@@ -76,14 +78,10 @@ def read_json(path: Path) -> dict:
 
 def _load_file(path: Path) -> Dict[str, torch.Tensor]:
     if path.name.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
         try:
             return load_file(str(path))
         except Exception as err:  # safetensors raises its own error types
             raise UserError(f"cannot read safetensors file ({str(err)[:120]})", path=str(path)) from None
-    from rag_plugin.util.safe_load import safe_torch_load
-
     state = safe_torch_load(path)
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         raise UserError("expected a state dict of tensors", path=str(path))

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset
 
+from rag_plugin.util.errors import UserError
+
 
 class RetrievalQADataset(FairseqDataset):
     def __init__(self, query_tokens: Optional[Sequence[Sequence[int]]], src_tokens: Sequence[Sequence[int]],
@@ -83,8 +85,6 @@ class RetrievalQADataset(FairseqDataset):
             sizes = self.sizes[np.asarray(indices, dtype=np.int64)]
             longest = int(np.argmax(sizes))
             if int(sizes[longest]) > max_tokens:
-                from rag_plugin.util.errors import UserError
-
                 index = int(indices[longest])
                 name = f"example {index}" + (f" (id {self.record_ids[index]!r})" if self.record_ids else "")
                 over = int((sizes > max_tokens).sum())

@@ -33,7 +33,11 @@ except ImportError:  # pragma: no cover - older Pythons
     import sre_constants as _C
     import sre_parse as _P
 
+from tqdm import tqdm
+
+from rag_plugin.data.kilt import read_kilt
 from rag_plugin.evaluation.metrics import answer_patterns, compile_answer_pattern
+from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path, atomic_write_json, iter_jsonl
 
@@ -194,8 +198,6 @@ def rewrite_record(obj: dict, patterns: List[str], answers: List[str], target_fr
 
 
 def _read_split(path: Path) -> List[Tuple[int, dict]]:
-    from rag_plugin.data.kilt import read_kilt
-
     read_kilt(str(path), require_answers=True, allow_empty_input=True)  # checks the file (errors: file:line)
     return list(iter_jsonl(path))
 
@@ -242,8 +244,6 @@ def _derive_split(split: str, path: Path, rows: List[Tuple[int, dict]], retrieve
     new_objs = [obj for _, obj in rows]
     batches = range(0, len(todo), batch_size)
     if progress and todo:
-        from tqdm import tqdm
-
         batches = tqdm(batches, desc=f"{split}: retrieve top-{k}", unit=" batch", mininterval=1.0, file=sys.stderr)
     dropped = set()
     for start in batches:
@@ -302,8 +302,6 @@ def derive_targets(data: str, knowledge: str, k: int = 1000, out: Optional[str] 
     paths = _split_paths(data_dir, k, max_expansions, splits)
     rows = {s: _read_split(p) for s, p in paths.items()}
     if retriever is None and any(record_patterns(obj) for r in rows.values() for _, obj in r):
-        from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
-
         retriever = BM25Retriever.from_dir(knowledge) if bm25 else DenseRetriever.from_dir(knowledge)
     n_passages = len(retriever.store) if retriever is not None else None
     k_used = min(k, n_passages) if n_passages else k

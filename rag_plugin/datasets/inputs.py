@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tqdm import tqdm
+
 from rag_plugin.datasets.json_stream import JsonStream
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import PathLike, iter_jsonl, require_file
@@ -92,6 +94,4 @@ def progress(iterable, desc: str, enabled: bool, total: Optional[int] = None):
     """``iterable`` behind a tqdm progress bar on stderr when ``enabled``."""
     if not enabled:
         return iterable
-    from tqdm import tqdm
-
     return tqdm(iterable, desc=desc, total=total, unit=" rec", mininterval=1.0, file=sys.stderr)

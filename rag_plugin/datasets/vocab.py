@@ -40,7 +40,7 @@ def _write_atomic(path: PathLike, data: bytes) -> None:
 
 
 def _spm():
-    try:
+    try:  # optional at import: a one-line error where it is missing (and start-up: rag-vocab --help)
         import sentencepiece as spm  # noqa: WPS433
     except ImportError:
         raise UserError("the Python package 'sentencepiece' is not installed",

@@ -168,7 +168,7 @@ def passages_by_id(source: str, ids: Iterable[str]) -> Dict[str, Tuple[str, str]
     """``{id: (title, text)}`` of the passages ``ids`` from a knowledge-source directory, a
     passage-store directory, or a ``.jsonl`` / ``.tsv`` passages file. Unknown ids raise
     :class:`UserError`."""
-    from rag_plugin.retrieval.passages import PassageStore, read_passages
+    from rag_plugin.retrieval.passages import PassageStore, read_passages  # start-up: numpy, for --passages only
 
     wanted = set(ids)
     p = Path(source)
