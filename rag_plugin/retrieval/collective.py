@@ -22,21 +22,20 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.parts import NO_ROW, IndexPart, LocalSearch, merge_top_k, step_threads
-from rag_plugin.retrieval.shards import query_slice
+from rag_plugin.retrieval.shards import assign_holders, held_by, query_slice
+from rag_plugin.util.devices import current_cuda_device
 
 
 def collective_device(backend: str):
     """Where the tensors of a collective over ``backend`` live: NCCL moves CUDA tensors only, and each rank's must be
     on its own GPU, the one fairseq set for it (``torch.cuda.current_device()``; not ``cuda:0``, nor ``LOCAL_RANK``'s,
     which fairseq's own launcher and SLURM never set); gloo (and the others) CPU tensors."""
-    import torch
-
     if str(backend).lower() == "nccl":
-        from rag_plugin.util.devices import current_cuda_device
-
         return current_cuda_device()
     return torch.device("cpu")
 
@@ -46,8 +45,6 @@ class CollectiveSearch:
 
     def __init__(self, held: Dict[int, IndexPart], holders: List[List[int]], count: int, dim: int,
                  group=None, nprobe: Optional[int] = None):
-        import torch.distributed as dist
-
         self.dist, self.group = dist, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.held, self.holders = held, holders
@@ -73,14 +70,10 @@ class CollectiveSearch:
 
     # ------------------------------------------------------------------ the three steps
     def _tensor(self, array: np.ndarray):
-        import torch
-
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
     def _agree(self, batch: int, k: int, with_vectors: bool) -> List[int]:
         """All-gather (batch, k, with_vectors); every rank must ask for the same k and vectors or not."""
-        import torch
-
         mine = self._tensor(np.asarray([batch, k, int(with_vectors)], dtype=np.int64))
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         self.dist.all_gather(gathered, mine, group=self.group)
@@ -91,8 +84,6 @@ class CollectiveSearch:
 
     def _all_queries(self, queries: np.ndarray, sizes: List[int]) -> np.ndarray:
         """Every rank's questions, in rank order: [sum(sizes), D]."""
-        import torch
-
         most = max(sizes)
         padded = np.zeros((most, self.dim), dtype=np.float32)
         padded[:len(queries)] = queries
@@ -119,8 +110,6 @@ class CollectiveSearch:
     def _exchange(self, scores: np.ndarray, rows: np.ndarray, vectors: Optional[np.ndarray], sizes: List[int]):
         """All-to-all: send each rank the candidates for its questions; returns this rank's
         ([scores per peer], [rows per peer], [vectors per peer] or absent)."""
-        import torch
-
         total, k = rows.shape
         fields = [scores[:, :, None], rows.view(np.float32).reshape(total, k, 2)]  # int64 rows as 2 float32 words
         if vectors is not None:
@@ -144,13 +133,7 @@ def job_searcher(knowledge, placement: str = "rank", log=None):
     """The searcher for this process of a job: a :class:`CollectiveSearch` over the shards this rank holds
     when the knowledge source is sharded, torch.distributed is initialised with more than one process and
     ``placement`` is not ``local``; else None (the process searches every shard itself)."""
-    from rag_plugin.retrieval.shards import assign_holders, held_by
-
     if knowledge.num_shards == 1 or placement == "local":
-        return None
-    try:
-        import torch.distributed as dist
-    except ImportError:
         return None
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import numpy as np
+from tqdm import tqdm
 
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path
@@ -21,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 def _faiss():
-    import faiss
+    import faiss  # start-up: FAISS (its libraries, its CPU-feature probing) only where an index is built or read
 
     return faiss
 
@@ -65,7 +66,6 @@ def add_vectors(index, vectors: np.ndarray, desc: str, add_batch: int = 65536, p
     n = len(vectors)
     bar = None
     if progress:
-        from tqdm import tqdm
         bar = tqdm(total=n, desc=desc, unit=" vec", mininterval=1.0)
     for start in range(0, n, add_batch):
         chunk = np.ascontiguousarray(vectors[start:start + add_batch], dtype=np.float32)

@@ -10,6 +10,8 @@ offsets). No training or decoding step ever re-tokenizes a passage string.
 """
 from __future__ import annotations
 
+import csv
+import gzip
 import hashlib
 import json
 import os
@@ -42,8 +44,6 @@ def _is_gzip(path: Path) -> bool:
 
 def _raw_lines(path: Path) -> Iterator[bytes]:
     """The file's lines as bytes (a ``.gz`` file decompressed); a damaged gzip file is a UserError."""
-    import gzip
-
     if not path.is_file():
         raise UserError("passages file not found", path=str(path),
                         fix="pass --passages with a .tsv (DPR layout) or .jsonl file (optionally .gz)")
@@ -73,8 +73,6 @@ TSV_DIALECT = dict(delimiter="\t", quotechar='"', doublequote=True, skipinitials
 
 
 def _read_tsv(path: Path) -> Iterator[Tuple[int, Passage]]:
-    import csv
-
     where = {"line": 0}
 
     def decoded_lines():
@@ -300,6 +298,7 @@ class PassageStore(SharedOnCopy):
     @property
     def input_format(self):
         """The :class:`~rag_plugin.core.input_format.InputFormat` the token fields were made for."""
+        # start-up: core.input_format imports torch; rag-vocab and rag-evaluate --passages read passages without it
         from rag_plugin.core.input_format import InputFormat
 
         return InputFormat.from_identity(self.meta.get("input_format"))
@@ -350,7 +349,7 @@ class PassageStore(SharedOnCopy):
         only, no generation). ``input_format`` (an :class:`~rag_plugin.core.input_format.InputFormat`,
         default ``plugin``) decides which strings are pre-tokenized; it is recorded in the store.
         """
-        from rag_plugin.core.input_format import InputFormat
+        from rag_plugin.core.input_format import InputFormat  # start-up (torch)
 
         fmt = input_format or InputFormat()
         final = Path(directory)
@@ -358,7 +357,7 @@ class PassageStore(SharedOnCopy):
             writer = _StoreWriter(tmp, tokenizer, fmt)
             bar = None
             if progress:
-                from tqdm import tqdm
+                from tqdm import tqdm  # start-up: only a build writes a store
                 bar = tqdm(desc="passages", unit=" psg", mininterval=1.0)
             try:
                 for batch in _batched(passages, batch_size):

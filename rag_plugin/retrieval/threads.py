@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 _logged: set = set()
@@ -43,8 +45,6 @@ def local_processes(on_gpu: bool = False) -> int:
         return max(1, int(local))
     if not on_gpu:
         return 1
-    import torch
-
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return 1
@@ -56,8 +56,6 @@ def local_processes(on_gpu: bool = False) -> int:
 def faiss_thread_budget(device) -> int:
     """The threads FAISS may use in this process when the model (or encoder) computes on ``device`` (a
     ``torch.device`` or its name): see the module docstring."""
-    import torch
-
     device = torch.device(device)
     if device.type == "cpu":
         n = torch.get_num_threads()

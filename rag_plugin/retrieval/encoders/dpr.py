@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import torch
+from safetensors.torch import save_file
 
 from rag_plugin.retrieval.encoders.bert import BertConfig, BiEncoderTower, new_tower
 from rag_plugin.retrieval.encoders.files import load_encoder_checkpoint, load_folder_weights, read_json, require_file
@@ -94,8 +95,6 @@ def save_hf_dpr(encoder: TextEncoder, directory: os.PathLike) -> Path:
     ``model.safetensors``, ``tokenizer.json``, ``vocab.txt`` and ``tokenizer_config.json``.
     Only CLS-pooled, unnormalised encoders are DPR encoders; others raise UserError.
     """
-    from safetensors.torch import save_file
-
     for tower in (encoder.query_tower, encoder.passage_tower):
         if tower.pooling != "cls" or tower.normalize:
             raise UserError("only CLS-pooled, unnormalised encoders can be saved as DPR "
@@ -127,7 +126,7 @@ def _plain(value):
     if isinstance(value, argparse.Namespace):
         value = vars(value)
     if type(value).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # optional dependency (fairseq's): loaded already when a value is one
         value = OmegaConf.to_container(value, resolve=True)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}

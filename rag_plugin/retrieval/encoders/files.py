@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 import torch
+from safetensors.torch import load_file
 
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.safe_load import safe_torch_load
@@ -50,7 +51,6 @@ def load_folder_weights(directory: Path) -> Tuple[Dict[str, torch.Tensor], Path]
     (state dict, the file read)."""
     st = directory / "model.safetensors"
     if st.is_file():
-        from safetensors.torch import load_file
         try:
             return load_file(str(st)), st
         except Exception as err:  # safetensors raises SafetensorError / OSError

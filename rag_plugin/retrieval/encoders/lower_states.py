@@ -35,6 +35,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 from rag_plugin.retrieval.shared import SharedOnCopy
@@ -261,8 +262,6 @@ def _build(tower, layers, key, store, tokenize, collate, directory: Path, progre
 def _write_states(tower, layers: int, ids: np.ndarray, offsets: np.ndarray, collate, path: Path, hidden_size: int,
                   progress: bool) -> None:
     """The states of every passage after the tower's first ``layers`` layers, into ``path`` (float32[T, H])."""
-    from tqdm.auto import tqdm
-
     count = len(offsets) - 1
     param = next(tower.parameters())
     states = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(int(offsets[-1]), hidden_size))

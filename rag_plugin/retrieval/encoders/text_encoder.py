@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from rag_plugin.retrieval.encoders.bert import BiEncoderTower
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256
@@ -166,8 +167,6 @@ class TextEncoder:
     def _encode(self, tower: BiEncoderTower, token_ids: List[List[int]], batch_size: int,
                 progress: bool, unit: str) -> np.ndarray:
         """Run ``tower`` over length-sorted batches (longest first), scatter back to input order."""
-        from tqdm.auto import tqdm
-
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         out = np.empty((len(token_ids), tower.dim), dtype=np.float32)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
 from rag_plugin.retrieval.encoders.files import read_json, require_file
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text
@@ -18,9 +21,6 @@ BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 def wordpiece_tokenizer(vocab_file: os.PathLike, lowercase: bool = True):
     """A ``tokenizers.Tokenizer`` equivalent to BERT's WordPiece tokenizer for ``vocab_file``."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordPiece
-
     path = require_file(vocab_file, "vocabulary")
     vocab = WordPiece.read_file(str(path))
     missing = [t for t in ("[CLS]", "[SEP]", "[UNK]", "[PAD]") if t not in vocab]
@@ -41,8 +41,6 @@ def wordpiece_tokenizer(vocab_file: os.PathLike, lowercase: bool = True):
 def tokenizer_from_dir(directory: Path):
     """``tokenizer.json`` if present, else ``vocab.txt`` (+ ``do_lower_case`` from
     ``tokenizer_config.json``, default True)."""
-    from tokenizers import Tokenizer
-
     if (directory / "tokenizer.json").is_file():
         try:
             return Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -64,8 +62,6 @@ def tokenizer_lowercases(tokenizer) -> bool:
 def save_tokenizer_files(tokenizer, folder: Path, max_length: int) -> None:
     """Write ``tokenizer.json``, ``vocab.txt`` and ``tokenizer_config.json`` (lowercasing and
     ``model_max_length``) into ``folder``: what :func:`tokenizer_from_dir` and transformers read."""
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.no_truncation()
     tok.no_padding()
