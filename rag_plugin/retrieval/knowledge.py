@@ -39,6 +39,7 @@ from rag_plugin.retrieval.parts import IndexPart, LocalSearch, RowVectors
 from rag_plugin.retrieval.passages import PassageStore
 from rag_plugin.retrieval.shards import ShardEntry, check_shard_files, read_entries
 from rag_plugin.retrieval.shared import SharedOnCopy
+from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -210,8 +211,6 @@ class KnowledgeSource(SharedOnCopy):
 
     def load_generator_tokenizer(self):
         """The generator tokenizer the passages were pre-tokenized with (copied into ``tokenizer/``)."""
-        from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
-
         info = self.manifest.get("tokenizer")
         if not info:
             raise UserError("this knowledge source was built without a generator tokenizer", path=str(self.directory),
@@ -237,7 +236,7 @@ class KnowledgeSource(SharedOnCopy):
     def load_encoder(self):
         """The query encoder of this source (``encoder_spec``; for a built source the bi-encoder the
         documents were embedded with), checked against the identity the manifest records."""
-        from rag_plugin.retrieval.encoders import load_encoder
+        from rag_plugin.retrieval.encoders import load_encoder  # start-up: torch; BM25 and the passages need none
 
         encoder = load_encoder(self.encoder_spec)
         what = f"encoder {self.encoder_spec!r}"
