@@ -48,8 +48,20 @@ def training_runs():
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(forget_fairseq_schemas):
     return training_runs()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_fairseq_schemas():
+    """fairseq's hydra_init(name) stores its whole schema in hydra's ConfigStore under a config's name, and hydra
+    then validates a config of that name against it (every fairseq option joins the composed config): a test that
+    composed a demo config as fairseq-hydra-train does (tests/examples/test_hydra.py), earlier in this process,
+    must not change what run_demo.py composes in a process of its own."""
+    from hydra.core.config_store import ConfigStore
+
+    for path in (DEMO / "config").glob("*.yaml"):
+        ConfigStore.instance().repo.pop(path.name, None)
 
 
 def options_of(args):
