@@ -22,7 +22,7 @@ with the same encoder) and adds ``document_tower_sha256`` (:func:`state_dict_sha
 (``failed.rankR``) so rank 0 stops waiting at once.
 
 ``python -m rag_plugin.indexing.reembed --knowledge KS --tower FILE --what TEXT [--rank R --world W]`` runs one
-process of it (the trainer starts these, :mod:`rag_plugin.training.reindex`).
+process of it (the trainer starts these, :mod:`rag_plugin.reindexing.reindexer`).
 """
 from __future__ import annotations
 
