@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import rag_plugin
-from rag_plugin import fairseq_hooks
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.quiet_import import import_fairseq_quietly
 
 
 def plugin_dir() -> Path:
@@ -57,6 +55,10 @@ def _run_fairseq(module_name: str) -> int:
     except UserError as err:
         sys.stderr.write(f"error: {err.render()}\n")
         return 2
+    # start-up: rag-user-dir imports this module too, and the hooks' package and the quiet import need logging
+    from rag_plugin import fairseq_hooks
+    from rag_plugin.util.quiet_import import import_fairseq_quietly
+
     import_fairseq_quietly()  # without fairseq's import-time log lines ("Please install tensorboardX")
     module = importlib.import_module(module_name)
     rag_plugin.register()

@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from tqdm import tqdm
-
 from rag_plugin.datasets.json_stream import JsonStream
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import PathLike, iter_jsonl, require_file
@@ -94,4 +92,6 @@ def progress(iterable, desc: str, enabled: bool, total: Optional[int] = None):
     """``iterable`` behind a tqdm progress bar on stderr when ``enabled``."""
     if not enabled:
         return iterable
+    from tqdm import tqdm  # start-up: rag-prepare --help imports this module (the layouts it lists)
+
     return tqdm(iterable, desc=desc, total=total, unit=" rec", mininterval=1.0, file=sys.stderr)
