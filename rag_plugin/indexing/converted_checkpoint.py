@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 
 #: the record's format tag
@@ -15,7 +16,8 @@ RECORD = "conversion.json"
 
 
 def read_conversion(directory: str) -> dict:
-    """The ``conversion.json`` of a converted checkpoint directory, with absolute file paths."""
+    """The ``conversion.json`` of a converted checkpoint directory, with absolute file paths (``tokenizer``: the
+    generator tokenizer's files, a :class:`GeneratorTokenizerFiles`)."""
     d = Path(directory)
     path = d / RECORD
     if not path.is_file():
@@ -28,6 +30,6 @@ def read_conversion(directory: str) -> dict:
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise UserError("not a converted RAG checkpoint directory (conversion.json of another format)",
                         path=str(path), fix="pass the --out folder of rag-convert-hf")
-    files = {k: str(d / v) for k, v in record["generator_tokenizer"].items()}
-    return {**record, "files": files, "input_format_file": str(d / "input_format.json"),
+    tokenizer = GeneratorTokenizerFiles.in_directory(d, record["generator_tokenizer"])
+    return {**record, "tokenizer": tokenizer, "input_format_file": str(d / "input_format.json"),
             "checkpoint": str(d / "checkpoint.pt")}

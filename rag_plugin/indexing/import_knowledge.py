@@ -143,7 +143,7 @@ def _checkpoint_defaults(request: ImportRequest) -> ImportRequest:
     rec = read_conversion(request.rag_checkpoint)
     tokenizer = request.tokenizer
     if not (tokenizer.dict or tokenizer.subword_model):
-        tokenizer = GeneratorTokenizerFiles(**rec["files"])
+        tokenizer = rec["tokenizer"]
     return dataclasses.replace(request, encoder_spec=request.encoder_spec or rec["encoder_spec"], tokenizer=tokenizer,
                                input_format=request.input_format or rec["input_format_file"])
 

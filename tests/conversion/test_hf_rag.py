@@ -32,8 +32,6 @@ from rag_plugin.models.rag import RagConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LEN = 8  # greedy answers: at most 8 tokens (+ </s>)
-#: the generator tokenizer's files in a converted checkpoint folder
-CONVERTED_TOKENIZER = {"dict": "dict.txt", "gpt2_encoder_json": "encoder.json", "gpt2_vocab_bpe": "vocab.bpe"}
 
 
 def _reference(world, variant):
@@ -138,7 +136,8 @@ def test_rag_sequence_equals_reference(world, converted, load_converted):
 def test_fairseq_generate_reproduces_reference_answers(world, converted, tmp_path):
     """The converted checkpoint through the fairseq-generate command line: greedy RAG-Token answers
     are the reference's greedy answers (as text)."""
-    from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
+    from rag_plugin.indexing.converted_checkpoint import read_conversion
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizer
 
     data = tmp_path / "data"
     data.mkdir()
@@ -157,7 +156,7 @@ def test_fairseq_generate_reproduces_reference_answers(world, converted, tmp_pat
         if line.startswith("D-"):  # the detokenized hypothesis
             head, _, text = line.split("\t", 2)
             got[int(head[2:])] = text
-    tok = GeneratorTokenizer(GeneratorTokenizerFiles.in_directory(c["dir"], CONVERTED_TOKENIZER))
+    tok = GeneratorTokenizer(read_conversion(str(c["dir"]))["tokenizer"])
     q = world["q_tok"](hf_world.QUESTIONS, padding=True, return_tensors="pt")
     ref = world["token"]["model"].generate(input_ids=q["input_ids"], attention_mask=q["attention_mask"],
                                            num_beams=1, do_sample=False, max_length=MAX_LEN + 2, min_length=2,
@@ -177,10 +176,11 @@ def test_generator_tokenizer_and_hf_input_format_are_exact(world, converted):
     """The converted BPE files tokenize like the reference's tokenizer, and the hf format's
     per-passage pieces concatenate to exactly the BPE of the reference's whole input string."""
     from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.retrieval.tokenization import GeneratorTokenizer, GeneratorTokenizerFiles
+    from rag_plugin.indexing.converted_checkpoint import read_conversion
+    from rag_plugin.retrieval.tokenization import GeneratorTokenizer
 
     d = converted["token"]["dir"]
-    tok = GeneratorTokenizer(GeneratorTokenizerFiles.in_directory(d, CONVERTED_TOKENIZER))
+    tok = GeneratorTokenizer(read_conversion(str(d))["tokenizer"])
     g_tok = world["g_tok"]
     assert len(tok) == len(g_tok)
     fmt = InputFormat.hf()
