@@ -40,6 +40,7 @@ import torch
 from rag_plugin.conversion import hf_bart
 from rag_plugin.conversion.hf_rag_folder import RagFolder, question_tokenizer_files, read_rag_folder
 from rag_plugin.indexing.converted_checkpoint import FORMAT, RECORD
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_directory, atomic_path, atomic_write_json, atomic_write_text
 
@@ -202,8 +203,8 @@ def write_records(folder: Path, final: Path, source: RagFolder, preset: Optional
         "max_source_positions": source.max_source_positions,
         "input_format": fmt,
         "encoder_spec": f"hf-dpr:{final / 'question_encoder'}{question_encoder_options(source)}",
-        "generator_tokenizer": {"dict": "dict.txt", "gpt2_encoder_json": "encoder.json",
-                                "gpt2_vocab_bpe": "vocab.bpe"},
+        "generator_tokenizer": GeneratorTokenizerFiles(dict="dict.txt", gpt2_encoder_json="encoder.json",
+                                                       gpt2_vocab_bpe="vocab.bpe").paths(),
         "generator": {"preset": preset, **source.dims},
     }
     atomic_write_json(folder / "input_format.json", fmt)

@@ -122,11 +122,6 @@ class GeneratorTokenizer:
         else:
             self._gpt2 = _gpt2_tokenizer(files.gpt2_encoder_json, files.gpt2_vocab_bpe)
 
-    @property
-    def dict_path(self) -> str:
-        """The dictionary file (``files.dict``)."""
-        return str(self.files.dict)
-
     # ------------------------------------------------------------------ encoding
     def pieces(self, text: str) -> List[str]:
         if self.kind == "sentencepiece":

@@ -151,9 +151,9 @@ class RetrievalAugmentedTask(FairseqTask):
                             path=cfg.knowledge, fix=f"use --n-docs {len(knowledge)} or fewer")
         hybrid_options.check_options(cfg, len(knowledge))
         tokenizer = knowledge.load_generator_tokenizer()
-        dictionary = Dictionary.load(str(Path(tokenizer.dict_path)))
+        dictionary = Dictionary.load(str(tokenizer.files.dict))
         if len(dictionary) != len(tokenizer):
-            raise UserError("generator dictionary and tokenizer disagree", path=tokenizer.dict_path)
+            raise UserError("generator dictionary and tokenizer disagree", path=tokenizer.files.dict)
         if cfg.nprobe is not None or cfg.ef_search is not None:
             knowledge.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
         text_encoder = knowledge.load_encoder() if cfg.n_docs > 0 and cfg.retriever != "bm25" else None
