@@ -39,26 +39,22 @@ def build_parser() -> ArgumentParser:
 
     p = ArgumentParser(prog="rag-build-knowledge", description=__doc__)
     p.add_argument("--passages", required=True, nargs="+",
-                   help="DPR-layout .tsv (id, text, title) or .jsonl (id, title, text) files (also .gz), read as one "
-                        "collection")
+                   help="DPR-layout .tsv or .jsonl passage files (also .gz), read as one collection")
     p.add_argument("--out", required=True, help="output directory (new, empty, or an unfinished build to resume)")
     p.add_argument("--encoder", default="minilm", help="document encoder: minilm | dpr:CHECKPOINT | hf-dpr:DIR")
     p.add_argument("--index-factory", default="Flat",
                    help="FAISS factory string, inner-product metric: Flat, HNSW32, IVF4096,SQ8, IVF256,PQ32 ...")
     p.add_argument("--num-shards", type=int, default=1,
-                   help="write the index in this many shards (contiguous row ranges, each a complete index with its "
-                        "vectors), to be held by different processes or nodes (README 'Scaling out')")
+                   help="write the index in this many shards, held by different processes or nodes")
     p.add_argument("--split-words", type=int, default=None,
                    help="split documents into passages of this many words (the paper uses 100)")
     add_tokenizer_arguments(p, "plugin", "the one the model reads")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")
     p.add_argument("--shard-size", type=int, default=2048,
-                   help="passages per embedding chunk (the unit of resume and of a distributed build's work; a resumed "
-                        "build keeps its own); not the index shards (--num-shards)")
+                   help="passages per embedding chunk, the unit of resume (not the index shards: --num-shards)")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch/FAISS threads; unset: torch's own (all CPUs for one process), FAISS as many with the "
-                        "encoder on the CPU and the cores per process on the node with it on a GPU")
+                   help="torch/FAISS threads (unset: torch's own)")
     p.add_argument("--device", default=None, help=f"where the document encoder runs: {DEVICE_HELP}")
     p.add_argument("--fp16", action="store_true", help=FP16_HELP)
     p.add_argument("--reuse-vectors-from", default=None, metavar="KS_DIR",
@@ -68,8 +64,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the quantizer's training sample")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_MINUTES, metavar="MINUTES",
-                   help="under torchrun: how long a process waits for the others in one step (rank 0 alone writes "
-                        "the passage store and gathers the vectors) before giving up with an error")
+                   help="under torchrun: how long a process waits for the others in one step before an error")
     return p
 
 

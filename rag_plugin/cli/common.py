@@ -9,7 +9,13 @@ from rag_plugin.util.errors import UserError, usage_error_message
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written (examples keep their lines) and every option's default."""
+    """The module docstring as written (examples keep their lines) and every option's default, unless its help
+    already says what the default is (``(default: the checkpoint's)``)."""
+
+    def _get_help_string(self, action):
+        if "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class ArgumentParser(argparse.ArgumentParser):

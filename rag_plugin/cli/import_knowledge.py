@@ -28,8 +28,7 @@ def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
     p = ArgumentParser(prog=prog, description=__doc__)
     src = p.add_argument_group("input (one of)")
     src.add_argument("--dataset", default=None,
-                     help="Hugging Face dataset with title, text, embeddings [, id] columns: a save_to_disk folder, "
-                          ".arrow/.parquet file or a folder of them (read with pyarrow)")
+                     help="Hugging Face dataset (title, text, embeddings[, id]): save_to_disk folder or .parquet")
     src.add_argument("--passages", default=None,
                      help="psgs_w100.tsv (id<TAB>text<TAB>title, with header) or .jsonl; also .gz")
     p.add_argument("--vectors", nargs="+", default=[], metavar="FILE",
@@ -39,17 +38,14 @@ def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
     p.add_argument("--trust-pickles", action="store_true",
                    help="allow unpickling .pkl files (pickles can run code: only for files you trust)")
     p.add_argument("--faiss-index", default=None,
-                   help="an existing FAISS inner-product index over the passages in order (e.g. the dataset's "
-                        "get_index('embeddings').save(...)): checked and used instead of building one")
+                   help="an existing FAISS inner-product index over the passages, used instead of building one")
     p.add_argument("--out", required=True, help="knowledge source directory (new, empty, or an unfinished import)")
     p.add_argument("--rag-checkpoint", default=None, metavar="DIR",
                    help="a converted RAG checkpoint folder: its query encoder, generator tokenizer and input format")
     p.add_argument("--encoder-spec", default=None,
-                   help="spec of the query encoder that goes with the vectors (e.g. hf-dpr:DIR); one with its own "
-                        "passage tower (hf-dpr:DIR with ctx_encoder/) is recorded as the vectors' encoder")
+                   help="spec of the query encoder that goes with the vectors (e.g. hf-dpr:DIR)")
     p.add_argument("--encoder-identity", default=None, metavar="JSON",
-                   help="identity of the document encoder that made the vectors, for the manifest (inline JSON or a "
-                        "file; a manifest.json works); not loaded")
+                   help="identity of the vectors' document encoder for the manifest (inline JSON or a file)")
     add_tokenizer_arguments(p, None, "unset: the --rag-checkpoint's, else plugin")
     p.add_argument("--index-factory", default="Flat", help="FAISS factory string when no --faiss-index is given")
     p.add_argument("--train-size", type=int, default=100_000, help="vectors sampled to train the quantizer")

@@ -43,8 +43,7 @@ def _common_args(p: argparse.ArgumentParser, splits: bool = True) -> None:
         p.add_argument("--dev", help="official development file (becomes 'valid' with --test, else 'test')")
         p.add_argument("--test", help="official labelled test file")
         p.add_argument("--valid-from-train", default="0.1", metavar="N",
-                       help="when there is no separate test file: records (N) or fraction (0<N<1) of train "
-                            "carved out, with --seed, as the validation split")
+                       help="without a test file: records (N) or fraction (0<N<1) of train held out for validation")
     p.add_argument("--seed", type=int, default=0, help="seed of every random split")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared dataset in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -62,8 +61,7 @@ def _add_qa(sub, dataset: str) -> None:
                    help="drop provenance (KILT provenance names Wikipedia pages, not psgs_w100 passages)")
     if dataset == "triviaqa":
         p.add_argument("--triviaqa-questions", nargs="+", default=[], metavar="FILE",
-                       help="TriviaQA JSON (unfiltered-web-train.json, unfiltered-web-dev.json) to fill in the "
-                            "questions KILT's TriviaQA lacks, by QuestionId")
+                       help="TriviaQA JSON files that fill in the questions KILT's TriviaQA lacks")
 
 
 def _add_msmarco(sub) -> None:

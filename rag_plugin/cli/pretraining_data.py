@@ -30,8 +30,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--max-words", type=int, default=32, help="words of each passage to reconstruct (denoise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the corruption, the questions and the shuffle")
     p.add_argument("--objective", choices=("denoise", "pseudo-questions"), default="denoise",
-                   help="denoise: reconstruct corrupted passages (closed book); pseudo-questions: a run of a "
-                        "passage's words -> its title or the words that follow (train with retrieval)")
+                   help="denoise (reconstruct corrupted passages) or pseudo-questions (a run of words -> title)")
     return p
 
 

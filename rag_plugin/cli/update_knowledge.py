@@ -34,8 +34,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--replace", nargs="+", default=[], metavar="FILE",
                    help="new titles/texts for passages the source has (same ids)")
     p.add_argument("--reembed", default=None, metavar="CHECKPOINT",
-                   help="embed every passage again with this trained document tower (a checkpoint trained with "
-                        "--train-doc-encoder, a .pt holding {'document_tower': state dict}, or .safetensors)")
+                   help="embed every passage again with this document tower (checkpoint, .pt or .safetensors)")
     p.add_argument("--device", default=None, help=f"where the encoder embeds the passages: {DEVICE_HELP}")
     p.add_argument("--fp16", action="store_true", help=FP16_HELP)
     p.add_argument("--retrain", action="store_true",
@@ -44,8 +43,7 @@ def build_parser() -> ArgumentParser:
                    help="then remove the versions older than the N newest that no process has open")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch/FAISS threads; unset: torch's own (all CPUs), FAISS as many with the encoder on the CPU "
-                        "and every core this process may use with it on a GPU")
+                   help="torch/FAISS threads (unset: torch's own)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 

@@ -339,8 +339,7 @@ def main(argv=None) -> int:
     p.add_argument("--wait-minutes", type=float, default=24 * 60)
     p.add_argument("--result", default=None, help="write {version, seconds} here (JSON) when done")
     p.add_argument("--lower-states", default=None,
-                   help="a cache of the tower's frozen lower layers (KS/.lower_states/..., --doc-encoder-train-layers):"
-                        " only the layers above run")
+                   help="a cache of the tower's frozen lower layers: only the layers above run")
     args = p.parse_args(argv)
     import torch
 

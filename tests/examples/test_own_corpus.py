@@ -3,7 +3,7 @@ per run): every step's files, the knowledge source holding every passage of the 
 dictionary equal to its model's pieces, rag-choose-k's table equal to rag-evaluate run by hand for each
 K, the test answers generated with the chosen K, the leaderboard with every row and "–" in the closed
 book's retrieval columns; then a rerun that trains nothing. The numbers are not checked (a few updates
-learn nothing); the full-size run's are in the README."""
+learn nothing); the full-size run's are in docs/findings.md."""
 import json
 import os
 import re
