@@ -90,11 +90,11 @@ class RAG:
         error, before anything is loaded."""
         where = resolve_device(device, "device")
         import_fairseq_quietly()
-        import rag_plugin
+        import rag_plugin  # the package root: registers the plugin
 
         rag_plugin.register()
         from fairseq import checkpoint_utils  # after import_fairseq_quietly (its import logs otherwise)
-        from fairseq.dataclass.utils import overwrite_args_by_name
+        from fairseq.dataclass.utils import overwrite_args_by_name  # after import_fairseq_quietly
 
         overrides = task_overrides(knowledge, n_docs, rag_decoding, retriever, nprobe, ef_search, private_index)
         state = load_fairseq_checkpoint(checkpoint, overrides)
@@ -138,7 +138,7 @@ class RAG:
         ``score``: the answer's (length-normalised) log-probability in nats, as fairseq's generators
         return it; fairseq-generate prints the same number in base 2 (divided by ln 2)."""
         from fairseq import utils  # loaded by from_pretrained already
-        from fairseq.dataclass.configs import GenerationConfig
+        from fairseq.dataclass.configs import GenerationConfig  # loaded by from_pretrained already
 
         from rag_plugin.generation.adapters import retrieval_of  # imports fairseq
 

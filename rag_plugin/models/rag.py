@@ -33,6 +33,7 @@ from rag_plugin.optim.lr_scale import (
     scale_learning_rate,
     scaled_state,
 )
+from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -134,8 +135,6 @@ class RagModel(BaseFairseqModel):
     def build_query_encoder(cfg: RagConfig, task) -> torch.nn.Module:
         source = task.text_encoder
         if cfg.query_encoder not in ("knowledge", "random"):
-            from rag_plugin.retrieval.encoders import load_encoder
-
             source = load_encoder(cfg.query_encoder)
             if source.dim != task.knowledge.dim:
                 raise UserError(f"query encoder {cfg.query_encoder!r} has dimension {source.dim}, the knowledge "

@@ -168,7 +168,7 @@ class BM25Retriever(SharedOnCopy):
 
     def __init__(self, store: PassageStore, k1: float = 1.5, b: float = 0.75,
                  progress: bool = False):
-        import bm25s
+        import bm25s  # start-up: only BM25 retrieval pays for it
 
         self._store = store
         corpus = [f"{t} {x}" for t, x in store.iter_titles_texts()]
@@ -185,7 +185,7 @@ class BM25Retriever(SharedOnCopy):
         return cls(KnowledgeSource(directory).passages)
 
     def search(self, questions: Sequence[str], k: int, batch_size: int = 0) -> Retrieval:
-        import bm25s
+        import bm25s  # start-up: only BM25 retrieval pays for it
 
         _check_k(k, len(self.store))
         tokens = bm25s.tokenize(list(questions), stopwords="en", show_progress=False)

