@@ -25,7 +25,7 @@ def test_prepare_help_lists_every_dataset_and_shows_defaults():
     proc = _module("prepare", "nq", "--help")
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
-    assert "validation split (default: 0.1)" in text and "seed of every random split (default: 0)" in text
+    assert "held out for validation (default: 0.1)" in text and "seed of every random split (default: 0)" in text
     assert "input layout (auto: detect per file) (default: auto)" in text
     assert "--triviaqa-questions" not in text
     text = " ".join(_module("prepare", "triviaqa", "--help").stdout.split())
