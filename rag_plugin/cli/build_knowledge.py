@@ -28,15 +28,16 @@ from __future__ import annotations
 import sys
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
+from rag_plugin.indexing.distributed import DEFAULT_TIMEOUT_MINUTES, BuildGroup
+from rag_plugin.indexing.embedding import FP16_HELP, embedding_device, embedding_encoder, embedding_record
+from rag_plugin.retrieval.index import set_faiss_threads
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles, add_tokenizer_arguments
+from rag_plugin.util.devices import DEVICE_HELP
 from rag_plugin.util.errors import cli_main
 
 
 def build_parser() -> ArgumentParser:
-    from rag_plugin.indexing.distributed import DEFAULT_TIMEOUT_MINUTES
-    from rag_plugin.indexing.embedding import FP16_HELP
-    from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
-    from rag_plugin.util.devices import DEVICE_HELP
-
     p = ArgumentParser(prog="rag-build-knowledge", description=__doc__)
     p.add_argument("--passages", required=True, nargs="+",
                    help="DPR-layout .tsv or .jsonl passage files (also .gz), read as one collection")
@@ -71,15 +72,10 @@ def build_parser() -> ArgumentParser:
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
+    import torch  # start-up: --help stays light
 
-    from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.indexing import BuildHooks, BuildOptions, BuildSettings, build_knowledge_source
-    from rag_plugin.indexing.distributed import BuildGroup
-    from rag_plugin.indexing.embedding import embedding_device, embedding_encoder, embedding_record
-    from rag_plugin.retrieval.index import set_faiss_threads
-    from rag_plugin.retrieval.threads import faiss_thread_budget
-    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
+    from rag_plugin.core.input_format import InputFormat  # start-up: torch; --help stays light
+    from rag_plugin.retrieval.threads import faiss_thread_budget  # start-up: torch; --help stays light
 
     passages = args.passages[0] if len(args.passages) == 1 else args.passages
     settings = BuildSettings(passages=passages, encoder=args.encoder, index_factory=args.index_factory,

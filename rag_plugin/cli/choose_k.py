@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.evaluation.registry import TEXT, lookup, metric_label, parse_metrics
+from rag_plugin.evaluation.scoring import evaluate_files
 from rag_plugin.pipeline import commands
 from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.util.io import atomic_path, atomic_write_json
@@ -55,8 +57,7 @@ def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 def check_args(args) -> Tuple[List[str], str, List[int]]:
     """One-line errors for bad input; (the table's metrics, the choosing metric, the Ks in order)."""
-    from rag_plugin.evaluation.registry import TEXT, lookup, parse_metrics
-    from rag_plugin.retrieval.knowledge import KnowledgeSource
+    from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy; --help stays light
 
     if not Path(args.checkpoint).is_file():
         raise UserError("checkpoint not found", path=args.checkpoint, fix="train a model first (rag-train)")
@@ -104,8 +105,6 @@ def best_k(scores: Dict[int, Dict[str, float]], metric: str) -> int:
 
 def table(scores: Dict[int, Dict[str, float]], columns: Sequence[str], best: int) -> str:
     """The scores as an aligned text table, the best K marked."""
-    from rag_plugin.evaluation.registry import metric_label
-
     labels = [metric_label(m) for m in columns]
     widths = [max(6, len(label)) for label in labels]
     lines = ["   K  " + "  ".join(label.rjust(w) for label, w in zip(labels, widths))]
@@ -120,8 +119,6 @@ def main(argv=None) -> int:
     own, extra = split_argv(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
     columns, metric, ks = check_args(args)
-    from rag_plugin.evaluation.scoring import evaluate_files
-
     out_dir = Path(args.out_dir) if args.out_dir else Path(args.checkpoint).parent / "choose_k"
     gold = str(Path(args.data) / f"{args.subset}.jsonl")
     scores: Dict[int, Dict[str, float]] = {}

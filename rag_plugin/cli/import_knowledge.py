@@ -18,13 +18,14 @@ from __future__ import annotations
 import sys
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.indexing import BuildOptions
+from rag_plugin.indexing.import_knowledge import IMPORT_SHARD_SIZE, ImportRequest, import_knowledge
+from rag_plugin.retrieval.index import set_faiss_threads
+from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles, add_tokenizer_arguments
 from rag_plugin.util.errors import cli_main
 
 
 def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
-    from rag_plugin.indexing.import_knowledge import IMPORT_SHARD_SIZE
-    from rag_plugin.retrieval.tokenization import add_tokenizer_arguments
-
     p = ArgumentParser(prog=prog, description=__doc__)
     src = p.add_argument_group("input (one of)")
     src.add_argument("--dataset", default=None,
@@ -60,11 +61,6 @@ def build_parser(prog: str = "rag-import-knowledge") -> ArgumentParser:
 
 def run(args) -> int:
     """Import as ``args`` (parsed by :func:`build_parser`) say; reports on stderr."""
-    from rag_plugin.indexing import BuildOptions
-    from rag_plugin.indexing.import_knowledge import ImportRequest, import_knowledge
-    from rag_plugin.retrieval.index import set_faiss_threads
-    from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
-
     set_faiss_threads(args.threads)
     request = ImportRequest(
         dataset=args.dataset, passages=args.passages, vectors=args.vectors, ids=args.ids,

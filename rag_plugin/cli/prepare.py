@@ -20,6 +20,12 @@ import sys
 import textwrap
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.datasets.fever import convert_fever
+from rag_plugin.datasets.jeopardy import convert_jeopardy
+from rag_plugin.datasets.msmarco import convert_msmarco
+from rag_plugin.datasets.open_qa import convert_open_qa
+from rag_plugin.datasets.qa_layouts import QA_FORMATS
+from rag_plugin.datasets.writer import PAPER_SPLIT_SIZES, SPLITS
 from rag_plugin.util.errors import UserError, cli_main
 
 QA_NAMES = {"nq": "Natural Questions", "triviaqa": "TriviaQA", "webquestions": "WebQuestions",
@@ -50,8 +56,6 @@ def _common_args(p: argparse.ArgumentParser, splits: bool = True) -> None:
 
 
 def _add_qa(sub, dataset: str) -> None:
-    from rag_plugin.datasets.qa_layouts import QA_FORMATS
-
     p = sub.add_parser(dataset, help=f"{QA_NAMES[dataset]} (open-domain QA)", description=_described(
         f"Prepare {QA_NAMES[dataset]} for rag_plugin (KILT-style train/valid/test.jsonl). Inputs, detected per "
         f"file: {QA_LAYOUTS[dataset]}."))
@@ -109,34 +113,24 @@ def build_parser() -> ArgumentParser:
 def _convert(args: argparse.Namespace) -> dict:
     common = dict(seed=args.seed, overwrite=args.overwrite, progress=not args.quiet)
     if args.dataset in QA_NAMES:
-        from rag_plugin.datasets.open_qa import convert_open_qa
-
         return convert_open_qa(args.dataset, args.out, args.train, args.dev, args.test, fmt=args.format,
                                triviaqa_questions=getattr(args, "triviaqa_questions", []),
                                valid_from_train=args.valid_from_train, keep_provenance=not args.no_provenance,
                                **common)
     if args.dataset == "msmarco":
-        from rag_plugin.datasets.msmarco import convert_msmarco
-
         return convert_msmarco(args.out, args.train, args.dev, args.test, use_well_formed=args.use_well_formed,
                                well_formed_only=args.well_formed_only, valid_from_train=args.valid_from_train,
                                **common)
     if args.dataset == "jeopardy":
-        from rag_plugin.datasets.jeopardy import convert_jeopardy
-
         return convert_jeopardy(args.out, input=args.input, train=args.train, dev=args.dev, test=args.test,
                                 valid_size=args.valid_size, test_size=args.test_size,
                                 valid_from_train=args.valid_from_train, **common)
-    from rag_plugin.datasets.fever import convert_fever
-
     return convert_fever(args.out, args.train, args.dev, args.test, two_way=args.two_way,
                          keep_provenance=not args.no_provenance, valid_from_train=args.valid_from_train, **common)
 
 
 def report(summary: dict, out) -> None:
     """The counts (beside the paper's Table 7 sizes), skipped records and notes, on stderr."""
-    from rag_plugin.datasets.writer import PAPER_SPLIT_SIZES, SPLITS
-
     counts = summary["counts"]
     line = f"wrote {out}: " + ", ".join(f"{s} {counts[s]}" for s in SPLITS)
     paper = PAPER_SPLIT_SIZES.get(summary.get("dataset", ""))

@@ -55,7 +55,7 @@ def build_parser() -> ArgumentParser:
 
 def check_args(args) -> int:
     """One-line errors for bad input; the number of passages in the knowledge source."""
-    from rag_plugin.retrieval.knowledge import KnowledgeSource
+    from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy; --help stays light
 
     if args.updates < 1 or args.pseudo_updates < 0:
         raise UserError("--updates must be positive and --pseudo-updates 0 or more",

@@ -37,8 +37,8 @@ def build_parser() -> ArgumentParser:
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records
-    from rag_plugin.retrieval.knowledge import KnowledgeSource
+    from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records  # start-up: numpy
+    from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy; --help stays light
 
     store = KnowledgeSource(args.knowledge).passages
     passages = (store.passage(r) for r in range(len(store)))

@@ -20,13 +20,16 @@ import sys
 from pathlib import Path
 
 from rag_plugin.cli.common import ArgumentParser
+from rag_plugin.indexing import BuildOptions
+from rag_plugin.indexing.embedding import FP16_HELP, embedding_encoder
+from rag_plugin.indexing.update import remove_old_versions, update_knowledge_source
+from rag_plugin.retrieval.index import set_faiss_threads
+from rag_plugin.retrieval.knowledge import KnowledgeSource
+from rag_plugin.util.devices import DEVICE_HELP, resolve_device
 from rag_plugin.util.errors import UserError, cli_main
 
 
 def build_parser() -> ArgumentParser:
-    from rag_plugin.indexing.embedding import FP16_HELP
-    from rag_plugin.util.devices import DEVICE_HELP
-
     p = ArgumentParser(prog="rag-update-knowledge", description=__doc__)
     p.add_argument("--knowledge", required=True, help="the knowledge source directory (its current version is updated)")
     p.add_argument("--add", nargs="+", default=[], metavar="FILE", help="passages to add (ids not in the source)")
@@ -51,12 +54,9 @@ def build_parser() -> ArgumentParser:
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
+    import torch  # start-up: --help stays light
 
-    from rag_plugin.indexing.update import update_knowledge_source
-    from rag_plugin.retrieval.index import set_faiss_threads
-    from rag_plugin.retrieval.threads import faiss_thread_budget
-    from rag_plugin.util.devices import resolve_device
+    from rag_plugin.retrieval.threads import faiss_thread_budget  # start-up: torch; --help stays light
 
     if args.reembed and (args.add or args.delete or args.replace):
         raise UserError("--reembed embeds the current passages again: it cannot be combined with --add, --delete "
@@ -66,9 +66,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads or faiss_thread_budget(device))
     if args.reembed:
-        from rag_plugin.indexing import BuildOptions
-        from rag_plugin.indexing.reembed import Reembedding, read_tower_state, reembed
-        from rag_plugin.indexing.update import remove_old_versions
+        from rag_plugin.indexing.reembed import Reembedding, read_tower_state, reembed  # start-up: torch
 
         job = Reembedding(args.reembed, device=device, fp16=args.fp16)
         options = BuildOptions(batch_size=args.batch_size, progress=not args.quiet,
@@ -79,9 +77,6 @@ def main(argv=None) -> int:
         return 0
     encoder = None
     if (args.add or args.replace) and (device.type != "cpu" or args.fp16):  # else the builder loads it on the CPU
-        from rag_plugin.indexing.embedding import embedding_encoder
-        from rag_plugin.retrieval.knowledge import KnowledgeSource
-
         encoder = embedding_encoder(KnowledgeSource(args.knowledge).encoder_spec, device, args.fp16)
     update_knowledge_source(args.knowledge, add=args.add, delete=args.delete, replace=args.replace,
                             retrain=args.retrain, keep=args.keep, batch_size=args.batch_size, encoder=encoder,

@@ -36,13 +36,19 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
+import rag_plugin
 from rag_plugin.conversion import hf_bart
 from rag_plugin.conversion.hf_rag_folder import RagFolder, question_tokenizer_files, read_rag_folder
 from rag_plugin.indexing.converted_checkpoint import FORMAT, RECORD
+from rag_plugin.models.context import RetrievalContext
+from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_directory, atomic_path, atomic_write_json, atomic_write_text
+from rag_plugin.util.quiet_import import import_fairseq_quietly
 
 #: BART's special ids, which the plugin's dictionary fixes
 SPECIAL_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
@@ -94,10 +100,6 @@ def question_encoder_options(source: RagFolder) -> str:
 def write_question_encoder(folder: Path, source: RagFolder, log: Callable[[str], None]):
     """The DPR question encoder in the Hugging Face layout (config.json, model.safetensors, the
     tokenizer's files), loaded back (which checks the weights against the config)."""
-    from safetensors.torch import save_file
-
-    from rag_plugin.retrieval.encoders import load_encoder
-
     folder.mkdir(parents=True)
     config = {k: v for k, v in source.question_config.items() if not k.startswith("_")}
     config.update(architectures=["DPRQuestionEncoder"], model_type="dpr")
@@ -119,8 +121,8 @@ def write_question_encoder(folder: Path, source: RagFolder, log: Callable[[str],
 def model_config(source: RagFolder):
     """The plugin's :class:`~rag_plugin.models.rag.RagConfig` for the folder's generator (a preset's
     sizes where one matches), and that preset's name (or None)."""
-    from rag_plugin.models.generator import GENERATOR_SIZES
-    from rag_plugin.models.rag import RagConfig
+    from rag_plugin.models.generator import GENERATOR_SIZES  # after import_fairseq_quietly
+    from rag_plugin.models.rag import RagConfig  # after import_fairseq_quietly
 
     dims = source.dims
     shape = (dims["embed_dim"], dims["layers"], dims["heads"], dims["ffn_dim"])
@@ -139,11 +141,10 @@ def model_config(source: RagFolder):
 
 def build_plugin_model(folder: Path, source: RagFolder, query_tower: torch.nn.Module, model_cfg):
     """The plugin's RAG model holding the folder's generator and question encoder weights."""
-    from fairseq.data import Dictionary
+    from fairseq.data import Dictionary  # after import_fairseq_quietly
 
-    from rag_plugin.models.context import RetrievalContext
-    from rag_plugin.models.generator import GeneratorShape, build_bart
-    from rag_plugin.models.rag import RagSequenceModel, RagTokenModel
+    from rag_plugin.models.generator import GeneratorShape, build_bart  # after import_fairseq_quietly
+    from rag_plugin.models.rag import RagSequenceModel, RagTokenModel  # after import_fairseq_quietly
 
     dictionary = Dictionary.load(str(folder / "dict.txt"))
     dims, c = source.dims, model_cfg
@@ -158,11 +159,10 @@ def build_plugin_model(folder: Path, source: RagFolder, query_tower: torch.nn.Mo
 
 def checkpoint_config(model_cfg, n_docs: int, knowledge: str) -> dict:
     """The checkpoint's ``cfg``: fairseq's defaults with the model, the task and the criterion."""
-    from fairseq.dataclass.configs import FairseqConfig
-    from omegaconf import OmegaConf
+    from fairseq.dataclass.configs import FairseqConfig  # after import_fairseq_quietly
 
-    from rag_plugin.criterions.marginal_nll import MarginalNLLConfig
-    from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig
+    from rag_plugin.criterions.marginal_nll import MarginalNLLConfig  # after import_fairseq_quietly
+    from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig  # after import_fairseq_quietly
 
     cfg = OmegaConf.structured(FairseqConfig())
     cfg.model = OmegaConf.structured(model_cfg)
@@ -215,11 +215,7 @@ def write_records(folder: Path, final: Path, source: RagFolder, preset: Optional
 # ---------------------------------------------------------------------------------- the conversion
 def _import_fairseq_and_register() -> None:
     """fairseq without its import-time logging noise, and the plugin's registrations (no hooks)."""
-    from rag_plugin.util.quiet_import import import_fairseq_quietly
-
     import_fairseq_quietly()
-    import rag_plugin
-
     rag_plugin.register()
 
 

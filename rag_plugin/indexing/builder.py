@@ -251,7 +251,7 @@ def _vectors_file(settings: BuildSettings) -> str:
 def _encoder_and_identity(settings: BuildSettings, encoder, identity: Optional[dict]) -> Tuple[object, dict]:
     """The document encoder (``settings.encoder`` unless given) and its identity, computed once
     (it hashes the weights)."""
-    from rag_plugin.retrieval.encoders import load_encoder
+    from rag_plugin.retrieval.encoders import load_encoder  # start-up: torch; --help stays light
 
     encoder = encoder if encoder is not None else load_encoder(settings.encoder)
     return encoder, identity if identity is not None else encoder.identity()

@@ -28,6 +28,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from tqdm import tqdm
+
 from rag_plugin.indexing.output_dir import shard_path
 from rag_plugin.retrieval.knowledge import BUILD_DIR
 from rag_plugin.retrieval.shards import assign_holders
@@ -74,7 +76,7 @@ class _Outcome:
 def _use_local_gpu(env) -> None:
     """A build's processes on a node (torchrun's: it sets ``LOCAL_RANK``) each take their own GPU, the
     LOCAL_RANK-th (modulo the node's), as the current CUDA device that ``--device cuda`` (and the default) mean."""
-    import torch
+    import torch  # start-up: --help stays light
 
     local = env.get("LOCAL_RANK")
     if local is not None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
@@ -106,7 +108,7 @@ class BuildGroup:
         if timeout_minutes <= 0:
             raise UserError(f"--dist-timeout must be positive, got {timeout_minutes}", fix="give minutes, e.g. 60")
         _use_local_gpu(env)
-        import torch.distributed as dist
+        import torch.distributed as dist  # start-up: --help stays light
 
         if dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
@@ -121,7 +123,7 @@ class BuildGroup:
     def close(self) -> None:
         """Leave the process group (only if this group joined it)."""
         if self._owns_group:
-            import torch.distributed as dist
+            import torch.distributed as dist  # start-up: --help stays light
 
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -177,7 +179,7 @@ class BuildGroup:
 
     def _collective(self, call: Callable, failure: Optional[BaseException]) -> None:
         """``call(torch.distributed)``; a failure of the collective itself means another rank is gone."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # start-up: --help stays light
 
         try:
             call(dist)
@@ -231,8 +233,6 @@ class ChunkProgress:
         self.shards, self.todo, self.shard_size, self.n = shards, list(todo), shard_size, n
         self.bar = None
         if enabled and self.todo:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=n, initial=n - self._rows(self.todo), desc="embedding", unit=" psg",
                             mininterval=1.0, smoothing=0.1)
 

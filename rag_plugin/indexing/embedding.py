@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from rag_plugin.indexing.output_dir import shard_path
 from rag_plugin.indexing.settings import describe_differences, differences, passage_side
 from rag_plugin.retrieval.knowledge import MANIFEST, KnowledgeSource
 from rag_plugin.retrieval.passages import PassageStore
+from rag_plugin.util.devices import model_device, resolve_device
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path
 
@@ -34,11 +36,9 @@ def embedding_encoder(encoder, device=None, fp16: bool = False):
     ``fp16`` (:meth:`~rag_plugin.retrieval.encoders.text_encoder.TextEncoder.for_embedding`). Another object with
     the encoder interface only (``encode_passages``, ...) runs where it runs: asked explicitly for a GPU or for
     ``fp16``, it is a one-line error."""
-    from rag_plugin.util.devices import resolve_device
-
     where = resolve_device(device)  # first: a bad --device is an error before any weights load
     if isinstance(encoder, str):
-        from rag_plugin.retrieval.encoders import load_encoder
+        from rag_plugin.retrieval.encoders import load_encoder  # start-up: torch; --help stays light
 
         encoder = load_encoder(encoder)
     if not hasattr(encoder, "for_embedding"):
@@ -51,9 +51,7 @@ def embedding_encoder(encoder, device=None, fp16: bool = False):
 
 def embedding_device(encoder):
     """Where ``encoder`` embeds: its passage tower's device; the CPU for an encoder without towers."""
-    import torch
-
-    from rag_plugin.util.devices import model_device
+    import torch  # start-up: --help stays light
 
     tower = getattr(encoder, "passage_tower", None)
     return model_device(tower) if tower is not None else torch.device("cpu")
@@ -131,7 +129,6 @@ def embed_shards(store: PassageStore, shards: Path, todo: List[int], shard_size:
     n, dim = len(store), int(encoder.dim)
     bar = None
     if progress and todo:
-        from tqdm import tqdm
         bar = tqdm(total=n, initial=n - sum(min(shard_size, n - s) for s in todo),
                    desc="embedding", unit=" psg", mininterval=1.0, smoothing=0.1)
     t0 = time.perf_counter()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from rag_plugin.indexing.builder import BuildHooks, BuildOptions, build_knowledge_source
+from rag_plugin.indexing.converted_checkpoint import read_conversion
 from rag_plugin.indexing.precomputed import PrecomputedVectors
 from rag_plugin.indexing.settings import BuildSettings
 from rag_plugin.indexing.vector_sources import DPRVectorFiles, HuggingFaceDataset, require_file
@@ -123,7 +124,7 @@ def vectors_encoder(encoder_identity, encoder_spec: Optional[str], source) -> Ve
         raise UserError("no encoder spec: the manifest must name the query encoder for these vectors", fix=NO_SPEC_FIX)
     if identity is not None:
         return VectorsEncoder(spec, {**identity, "spec": identity.get("spec", spec)})
-    from rag_plugin.retrieval.encoders import load_encoder
+    from rag_plugin.retrieval.encoders import load_encoder  # start-up: torch; --help stays light
 
     loaded = load_encoder(spec).identity()
     query = {**loaded, "spec": loaded.get("spec", spec)}
@@ -138,8 +139,6 @@ def _checkpoint_defaults(request: ImportRequest) -> ImportRequest:
     """``request`` with its encoder spec, tokenizer files and input format defaulting to the converted checkpoint's."""
     if not request.rag_checkpoint:
         return request
-    from rag_plugin.indexing.converted_checkpoint import read_conversion
-
     rec = read_conversion(request.rag_checkpoint)
     tokenizer = request.tokenizer
     if not (tokenizer.dict or tokenizer.subword_model):
@@ -152,7 +151,7 @@ def import_knowledge(out_dir: str, request: ImportRequest, options: Optional[Bui
     """Import a knowledge source (see the module docstring) from ``request.dataset`` (a Hugging Face dataset)
     or ``request.passages`` with ``vectors`` (+ ``ids``); returns the loaded KnowledgeSource. ``options``: how
     the build runs (default: :data:`IMPORT_SHARD_SIZE` rows per shard)."""
-    from rag_plugin.core.input_format import InputFormat
+    from rag_plugin.core.input_format import InputFormat  # start-up: torch; --help stays light
 
     options = options or BuildOptions(shard_size=IMPORT_SHARD_SIZE)
     if (request.dataset is None) == (request.passages is None):

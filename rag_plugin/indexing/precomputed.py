@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+from tqdm import tqdm
 
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.passages import PassageStore
@@ -36,7 +37,6 @@ class IdTable:
         hashes = np.empty(n, dtype=np.uint64)
         rows: Iterable[int] = range(n)
         if progress:
-            from tqdm import tqdm
             rows = tqdm(rows, desc="index passage ids", unit=" psg", mininterval=1.0)
         for row in rows:
             hashes[row] = _id_hash(store.id(row))

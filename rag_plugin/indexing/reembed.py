@@ -36,14 +36,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Optional
 
-from rag_plugin.indexing.builder import BuildOptions
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from rag_plugin.indexing import stages
+from rag_plugin.indexing.builder import BuildHooks, BuildOptions, build_knowledge_source
 from rag_plugin.indexing.embedding import embed_shards, embedding_record
 from rag_plugin.indexing.output_dir import shard_path, shards_dir
 from rag_plugin.indexing.settings import ENCODER_IDENTITY, passage_side
+from rag_plugin.indexing.update import update_settings
 from rag_plugin.retrieval import versions
+from rag_plugin.retrieval.encoders import lower_states
+from rag_plugin.retrieval.encoders.trained_tower import doc_encoder_state_from_checkpoint
+from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
+from rag_plugin.retrieval.index import set_faiss_threads
 from rag_plugin.retrieval.knowledge import BUILD_DIR, MANIFEST, KnowledgeSource
+from rag_plugin.util.devices import resolve_device
 from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.util.io import atomic_path, atomic_write_json
+from rag_plugin.util.safe_load import safe_torch_load
 
 #: ``KS/.reindex``: chunks, logs and results of re-embeddings (plain arrays and text: never a pickle)
 REINDEX_DIR = ".reindex"
@@ -70,9 +82,6 @@ class TowerEncoder:
     def encode_rows(self, start: int, end: int, batch_size: int = 64):
         """float32[end - start, D]: the rows' vectors from the cached states of the frozen lower layers (only the
         layers above run)."""
-        import numpy as np
-        import torch
-
         tower = self.encoder.passage_tower.eval()
         param = next(tower.parameters())
         out = np.empty((end - start, self.dim), dtype=np.float32)
@@ -87,9 +96,7 @@ class TowerEncoder:
     def find_lower_states(self, root: Path, tower_state: Dict, passages_sha256: str, log) -> None:
         """Continue from a cache under ``KS/.lower_states`` whose frozen layers and passages are exactly this
         tower's and this version's (``--doc-encoder-train-layers`` left one), if there is one."""
-        from rag_plugin.retrieval.encoders import lower_states as cache
-
-        found = cache.find(Path(root) / cache.DIR_NAME, tower_state, passages_sha256)
+        found = lower_states.find(Path(root) / lower_states.DIR_NAME, tower_state, passages_sha256)
         if found is not None:
             self.lower = found
             log(f"the tower's lower {found.layers} layers: from the cache {found.directory}")
@@ -97,14 +104,12 @@ class TowerEncoder:
     def use_lower_states(self, directory: str, tower_state: Dict, passages_sha256: str) -> None:
         """Continue from the cache in ``directory`` (``--lower-states``): a one-line error unless it holds this
         tower's frozen layers over these passages."""
-        from rag_plugin.retrieval.encoders import lower_states as cache
-
         try:
-            lower = cache.LowerStates(directory)
+            lower = lower_states.LowerStates(directory)
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"not a complete lower-layer cache ({e})", path=str(directory),
                             fix="leave --lower-states out (every layer runs)") from e
-        if lower.meta.get("key") != cache.tower_key(tower_state, lower.layers, passages_sha256):
+        if lower.meta.get("key") != lower_states.tower_key(tower_state, lower.layers, passages_sha256):
             raise UserError(f"the lower-layer cache is not of this tower's frozen {lower.layers} layers over these "
                             "passages", path=str(directory), fix="leave --lower-states out (every layer runs)")
         self.lower = lower
@@ -115,8 +120,6 @@ class TowerEncoder:
 
 def tower_encoder(current: KnowledgeSource, tower_state: Dict, what: str) -> TowerEncoder:
     """``current``'s encoder (:meth:`KnowledgeSource.load_encoder`) with ``tower_state`` in its passage tower."""
-    from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
-
     encoder = current.load_encoder()
     if getattr(encoder, "passage_tower", None) is None:
         raise UserError(f"the encoder {current.encoder_spec!r} of this knowledge source has no BERT passage tower "
@@ -154,8 +157,6 @@ def reembed(knowledge_dir: str, tower_state: Optional[Dict], job: Reembedding,
     current, the others with it); without a group, ``job.rank``/``job.world`` split the chunks between
     independent processes, and ranks other than 0 return once their chunks are written. Returns the new
     version's number."""
-    from rag_plugin.retrieval.encoders.weights import state_dict_sha256
-
     t0 = time.perf_counter()
     options = options or BuildOptions()
     group = options.group
@@ -216,10 +217,6 @@ def _wait_for_chunks(chunks: Path, starts, world: int, wait_minutes: float) -> N
 def _commit(root: Path, current: KnowledgeSource, encoder: TowerEncoder, chunks: Path, starts, job: Reembedding,
             options: BuildOptions, t0: float, world: int) -> int:
     """Rank 0: the chunks into version v+1 (built by the builder in its partial directory), then made current."""
-    from rag_plugin.indexing import stages
-    from rag_plugin.indexing.builder import BuildHooks, build_knowledge_source
-    from rag_plugin.indexing.update import update_settings
-
     log = options.log
     if world > 1:
         _wait_for_chunks(chunks, starts, world, job.wait_minutes)
@@ -289,8 +286,6 @@ def _keep_base_identity(partial: Path, base_identity: dict, seconds: float) -> N
 # ------------------------------------------------------------------------------------- tower files
 def save_tower_state(state: Dict, path: Path) -> Path:
     """``state`` (tensors) as a safetensors file, written atomically (no pickle)."""
-    from safetensors.torch import save_file
-
     with atomic_path(path) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
     return Path(path)
@@ -299,13 +294,7 @@ def save_tower_state(state: Dict, path: Path) -> Path:
 def read_tower_state(path: str) -> Dict:
     """A document tower's weights: a ``.safetensors`` file, a ``.pt`` holding ``{"document_tower": state}``, or a
     fairseq checkpoint of a model trained with ``--train-doc-encoder``."""
-    import torch
-
-    from rag_plugin.util.safe_load import safe_torch_load
-
     if str(path).endswith(".safetensors"):
-        from safetensors.torch import load_file
-
         if not Path(path).is_file():
             raise UserError("document tower file not found", path=str(path), fix="check the path")
         return load_file(str(path))
@@ -313,8 +302,6 @@ def read_tower_state(path: str) -> Dict:
     if isinstance(loaded, dict) and isinstance(loaded.get("document_tower"), dict):
         return dict(loaded["document_tower"])
     if isinstance(loaded, dict) and "model" in loaded:
-        from rag_plugin.retrieval.encoders.trained_tower import doc_encoder_state_from_checkpoint
-
         return doc_encoder_state_from_checkpoint(path)
     if isinstance(loaded, dict) and loaded and all(isinstance(v, torch.Tensor) for v in loaded.values()):
         return dict(loaded)
@@ -341,11 +328,6 @@ def main(argv=None) -> int:
     p.add_argument("--lower-states", default=None,
                    help="a cache of the tower's frozen lower layers: only the layers above run")
     args = p.parse_args(argv)
-    import torch
-
-    from rag_plugin.retrieval.index import set_faiss_threads
-    from rag_plugin.util.devices import resolve_device
-
     torch.set_num_threads(args.threads)
     set_faiss_threads(args.threads)
     t0 = time.perf_counter()

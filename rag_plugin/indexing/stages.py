@@ -13,10 +13,12 @@ from typing import Callable, Iterable, List, Optional
 import numpy as np
 
 from rag_plugin.indexing.output_dir import resume_shard_size, shard_path, shards_dir
+from rag_plugin.indexing.precomputed import use_index_file
 from rag_plugin.indexing.settings import SHARD_SIZE, BuildSettings, passage_files
 from rag_plugin.retrieval import index as faiss_index
 from rag_plugin.retrieval.knowledge import BUILD_DIR, FORMAT, MANIFEST
 from rag_plugin.retrieval.passages import PassageStore, read_collection
+from rag_plugin.retrieval.tokenization import GeneratorTokenizer
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_path, atomic_write_json, atomic_write_text
 
@@ -36,8 +38,7 @@ def check_passage_files(settings: BuildSettings) -> None:
 def load_pretokenization(settings: BuildSettings):
     """``(generator tokenizer or None, InputFormat)`` the passages are pre-tokenized with; refuses
     a subword model without its dictionary and a non-plugin input format without a tokenizer."""
-    from rag_plugin.core.input_format import InputFormat
-    from rag_plugin.retrieval.tokenization import GeneratorTokenizer
+    from rag_plugin.core.input_format import InputFormat  # start-up: torch; --help stays light
 
     files = settings.tokenizer
     tokenizer = GeneratorTokenizer(files) if files.dict or files.subword_model else None
@@ -95,8 +96,6 @@ def write_index(out: Path, settings: BuildSettings, vectors: np.ndarray, progres
     """``out/index.faiss``: built with ``settings.index_factory``, or ``settings.index_file``
     checked against the vectors and copied. Returns the factory the manifest records."""
     if settings.index_file:
-        from rag_plugin.indexing.precomputed import use_index_file
-
         index = use_index_file(settings.index_file, vectors, log)
         index_factory = f"imported {type(faiss_index._faiss().downcast_index(index)).__name__}"
         del index

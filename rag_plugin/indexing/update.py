@@ -30,7 +30,7 @@ from rag_plugin.indexing.builder import BuildHooks, BuildOptions, build_knowledg
 from rag_plugin.indexing.embedding import embedding_record
 from rag_plugin.indexing.settings import BuildSettings, settings_part
 from rag_plugin.retrieval import versions
-from rag_plugin.retrieval.index import read_index
+from rag_plugin.retrieval.index import _faiss, read_index
 from rag_plugin.retrieval.knowledge import MANIFEST, KnowledgeSource
 from rag_plugin.retrieval.passages import Passage, read_numbered_passages
 from rag_plugin.retrieval.tokenization import GeneratorTokenizerFiles
@@ -151,8 +151,6 @@ def index_plan(current: KnowledgeSource, changes: Changes, new_count: int, retra
 
 
 def _has_quantizer(index) -> bool:
-    from rag_plugin.retrieval.index import _faiss
-
     faiss = _faiss()
     return type(faiss.downcast_index(index)).__name__ not in ("IndexFlatIP", "IndexFlatL2", "IndexFlat")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+from tqdm import tqdm
 
 from rag_plugin.retrieval.passages import Passage
 from rag_plugin.util.errors import UserError
@@ -50,7 +51,7 @@ def _files_record(files: Sequence[Path]) -> List[dict]:
 # ================================================================================ Hugging Face
 def _pyarrow():
     try:
-        import pyarrow as pa
+        import pyarrow as pa  # optional: pyarrow (the hf extra)
     except ImportError:
         raise UserError("reading a Hugging Face dataset (.arrow/.parquet) needs pyarrow", fix="pip install pyarrow, "
                         "or import psgs_w100.tsv + .npy vectors + ids (--passages/--vectors/--ids)") from None
@@ -99,7 +100,7 @@ def _record_batches(kind: str, path: Path, columns: Optional[Sequence[str]] = No
     pa = _pyarrow()
     try:
         if kind == "parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # optional: pyarrow (the hf extra)
 
             yield from pq.ParquetFile(str(path)).iter_batches(batch_size=8192, columns=columns)
             return
@@ -117,7 +118,7 @@ def _schema_names(kind: str, path: Path) -> List[str]:
     pa = _pyarrow()
     try:
         if kind == "parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # optional: pyarrow (the hf extra)
 
             return list(pq.ParquetFile(str(path)).schema_arrow.names)
         try:
@@ -393,7 +394,6 @@ class DPRVectorFiles:
                          "use only files from a source you trust (loading is restricted to numpy arrays)")
             batches = iter_vector_batches(kind, vpath, ipath)
             if self.progress:
-                from tqdm import tqdm
                 batches = tqdm(batches, desc=f"import {vpath.name}", unit=" batch", mininterval=1.0)
             for ids, vecs in batches:
                 yield [i[5:] if i.startswith("wiki:") else i for i in ids], vecs, str(vpath)
