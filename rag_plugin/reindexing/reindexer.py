@@ -118,6 +118,7 @@ class Reindexer:
         self.started_update, self.started_at, self.log_file = -1, 0.0, None
         self.started_version = 0  # the version the running (or last) re-index embeds again
         self.pending = False  # --reindex-switch-after: a re-index started and not switched in yet
+        self.followers = ()  # models that switch with the trained one (step's)
         self.failed = False  # this rank's process of the last re-index exited with an error
         self._libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
         atexit.register(self.close)
@@ -130,11 +131,13 @@ class Reindexer:
         return cls(Path(task.knowledge.root), task.cfg)
 
     # ------------------------------------------------------------------ each step
-    def step(self, task, model, update_num: int) -> None:
+    def step(self, task, model, update_num: int, followers=()) -> None:
         """Before the step ``update_num``: note a finished re-index, switch to a newer version every rank sees,
         start a re-index at a multiple of ``--reindex-every`` if none is running anywhere. With
         ``--reindex-switch-after M``: the switch comes at the update the re-index started + M, and a new one starts
-        only once the last one is switched in."""
+        only once the last one is switched in. ``followers``: models that read the same retrieval as ``model`` and
+        switch with it (fairseq's EMA copy under --store-ema)."""
+        self.followers = tuple(followers)
         self._poll(task)
         after = switch_after(self.cfg)
         if after:
@@ -192,7 +195,7 @@ class Reindexer:
 
     def _switch(self, task, model, version: int, update_num: int) -> None:
         old = task.knowledge.version
-        task.reopen_knowledge(version, models=[unwrapped(model)])
+        task.reopen_knowledge(version, models=[unwrapped(model), *self.followers])
         self.log(f"knowledge version {version} (was {old}) is read from update {update_num} on, by every rank")
         keep = int(getattr(self.cfg, "reindex_keep", 0) or 0)
         if self.rank == 0 and keep > 0:

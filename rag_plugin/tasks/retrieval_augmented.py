@@ -108,6 +108,9 @@ def trained_n_docs(cfg) -> int:
 @register_task("retrieval_augmented", dataclass=RetrievalAugmentedConfig)
 class RetrievalAugmentedTask(FairseqTask):
     cfg: RetrievalAugmentedConfig
+    #: fairseq's trainer hands train_step and valid_step its EMA copy of the model (--store-ema): a re-index switch
+    #: hands it the new version's retrieval too (validation reads the trained model, as without the EMA)
+    uses_ema = True
 
     def __init__(self, cfg: RetrievalAugmentedConfig, knowledge, dictionary, tokenizer, text_encoder):
         super().__init__(cfg)
@@ -320,13 +323,13 @@ class RetrievalAugmentedTask(FairseqTask):
                 raise dataset.loss_refusal
         return super().begin_epoch(epoch, model)
 
-    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False, ema_model=None):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
         if self.cfg.reindex_every:  # re-embed in the background, switch when done (rag_plugin/reindexing/)
             if self.reindexer is None:
                 self.reindexer = Reindexer.for_task(self, model)
-            self.reindexer.step(self, model, update_num)
+            self.reindexer.step(self, model, update_num, followers=[ema_model] if ema_model is not None else [])
         if isinstance(criterion, AddsRetrieverLoss):  # --retriever-loss-start
             criterion.set_update(update_num)
         loss, sample_size, stats = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
@@ -334,7 +337,7 @@ class RetrievalAugmentedTask(FairseqTask):
             self.collapse.observe_train(stats)
         return loss, sample_size, stats
 
-    def valid_step(self, sample, model, criterion):
+    def valid_step(self, sample, model, criterion, ema_model=None):
         if sample and sample.get("loss_refusal") is not None:
             raise sample["loss_refusal"]
         return super().valid_step(sample, model, criterion)

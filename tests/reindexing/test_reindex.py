@@ -23,6 +23,7 @@ from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.retrieval.encoders.weights import load_tower_state, state_dict_sha256
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.safe_load import safe_torch_load
 from tests.conftest import ROOT, synthetic_passages, write_jsonl
 from tests.indexing.test_reembed import _digest
 from tests.reindexing.reindex_worker import CHUNK, FakeModel, FakeTask, reindexer_of, tower_state_at
@@ -191,7 +192,8 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     """A real fairseq-train with --train-doc-encoder --reindex-every 2 writes version 2 from the tower of its
     checkpoint at update 2 (waited for at exit); with --doc-encoder-train-layers 1 (a 2-layer encoder) the re-index
     runs the top layer on the cached states of the lower one, with the same vectors. The whole-tower run has
-    --reindex-switch-after 1: the trainer waits at update 3 for version 2 and reads it from there."""
+    --reindex-switch-after 1: the trainer waits at update 3 for version 2 and reads it from there, and so does its
+    EMA copy (--store-ema: fairseq hands it to the task, which re-binds it with the model)."""
     import shutil
 
     from rag_plugin.retrieval.encoders import trained_tower
@@ -203,8 +205,8 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     extra = ["--train-doc-encoder", "--reindex-every", "2", "--reindex-wait-at-exit",
              "--max-update", "3" if train_layers else "4",  # the whole tower: one more update, the switch's
              "--save-interval-updates", "2", "--no-epoch-checkpoints", "--doc-encoder-train-layers", str(train_layers)]
-    if not train_layers:
-        extra += ["--reindex-switch-after", "1"]
+    if not train_layers:  # and fairseq's EMA copy (--store-ema), which the task re-binds with the model
+        extra += ["--reindex-switch-after", "1", "--store-ema", "--ema-start-update", "1"]
     code, out, err = _run(_args(tiny_world, tmp_path / "ck", knowledge=ks, extra=extra), cwd=str(tmp_path),
                           threads=1, timeout=600)
     assert code == 0, err[-3000:]
@@ -218,6 +220,11 @@ def test_fairseq_train_reindexes_with_the_trained_document_encoder(tiny_world, t
     assert ("the tower's lower 1 layers: from the cache" in reindex_logs) == bool(train_layers), reindex_logs
     landed = KnowledgeSource(str(ks))
     assert landed.version == 2 and landed.manifest["reembedded_from"] == "training snapshot at update 2"
+    if not train_layers:  # the EMA copy reads (and records) the version the model switched to
+        last = safe_torch_load(str(tmp_path / "ck" / "checkpoint_last.pt"))
+        read = {name: json.loads(extra["_extra_state"]["knowledge"])["version"]
+                for name, extra in (("model", last["model"]), ("ema", last["extra_state"]["ema"]))}
+        assert read == {"model": 2, "ema": 2}, read
     [checkpoint] = (tmp_path / "ck").glob("checkpoint_*_2.pt")
     state = trained_tower.doc_encoder_state_from_checkpoint(str(checkpoint))
     assert landed.manifest["document_tower_sha256"] == state_dict_sha256(state)
