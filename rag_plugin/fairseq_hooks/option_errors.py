@@ -159,10 +159,38 @@ def resume_mismatch_message(exc: BaseException) -> Optional[str]:
     return None
 
 
+#: fairseq's ValueErrors that refuse options, with the fix to add: (a piece of the text, the fix)
+VALUE_ERROR_FIXES = (
+    ("does not exist", "give --finetune-from-model the path of an existing checkpoint"),
+    ("--finetune-from-model can not be set together with", "leave the --reset-* options out with "
+                                                           "--finetune-from-model (it resets them itself)"),
+    ("--finetune-from-model and --restore-file", "give one of --finetune-from-model and --restore-file"),
+    ("Cannot combine --fp16 and --tpu", "leave --tpu out (for bfloat16 give --bf16)"),
+)
+
+
+def option_value_error_message(exc: BaseException) -> Optional[str]:
+    """One line for a ValueError raised by fairseq's own code whose text names an option (fairseq refusing the
+    command line with ``raise ValueError``, e.g. ``--finetune-from-model PATH does not exist``), with the fix where
+    :data:`VALUE_ERROR_FIXES` knows it."""
+    for e in exception_chain(exc):
+        if not isinstance(e, ValueError) or e.__traceback__ is None:
+            continue
+        tb = e.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        text = " ".join(str(e).split())
+        if _fairseq_file(tb.tb_frame.f_code.co_filename) is None or not re.search(r"(^|\W)--[a-z]", text):
+            continue
+        fix = next((f for piece, f in VALUE_ERROR_FIXES if piece in text), None)
+        return f"{text} (fix: {fix})" if fix else text
+    return None
+
+
 #: fairseq failures that are bad options, each turned into one line (exit 2) by the excepthook; an assertion
 #: fairseq failed that none of them knows is one line too (:func:`fairseq_assertion_line`)
 OPTION_MESSAGES = (missing_accelerator_message, unsupported_option_message, resume_mismatch_message,
-                   known_assertion_message)
+                   known_assertion_message, option_value_error_message)
 
 
 def refuse_bad_update_freq() -> None:

@@ -116,3 +116,36 @@ def test_the_excepthook_ends_an_unknown_fairseq_assertion_with_one_line():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=ENV)
     line = _the_line(proc, status=1)
     assert line.startswith("error: fairseq's assertion failed at fairseq/utils.py:"), line
+
+
+def test_a_missing_finetune_checkpoint_is_one_line_with_its_fix(tiny_world, tmp_path):
+    """fairseq refuses --finetune-from-model with a ValueError (a traceback before): one line, the fix added."""
+    missing = tmp_path / "none.pt"
+    proc = _train(tiny_world, tmp_path, "--batch-size", "8", "--max-update", "1", "--finetune-from-model", str(missing))
+    assert _the_line(proc) == (f"error: --finetune-from-model {missing} does not exist (fix: give "
+                               f"--finetune-from-model the path of an existing checkpoint)")
+
+
+def _value_error_from(filename, code):
+    try:
+        exec(compile(code, filename, "exec"), {})
+    except ValueError as exc:
+        return exc
+    raise AssertionError("nothing raised")
+
+
+def test_fairseqs_value_errors_naming_an_option_are_one_line_and_the_known_fixes_are_in_fairseq():
+    import fairseq
+
+    fake = str(Path(fairseq.__file__).parent / "not_a_module.py")
+    assert option_errors.option_value_error_message(
+        _value_error_from(fake, "raise ValueError('--frobnicate  is bad')")) == "--frobnicate is bad"
+    assert option_errors.option_value_error_message(
+        _value_error_from(fake, "raise ValueError('Cannot combine --fp16 and --tpu, use --bf16 on TPUs')")) == (
+        "Cannot combine --fp16 and --tpu, use --bf16 on TPUs (fix: leave --tpu out (for bfloat16 give --bf16))")
+    assert option_errors.option_value_error_message(_value_error_from(fake, "raise ValueError('no option')")) is None
+    assert option_errors.option_value_error_message(  # not fairseq's code
+        _value_error_from(__file__, "raise ValueError('--x is bad')")) is None
+    sources = [text for _, text in _fairseq_sources()]
+    for piece, _ in option_errors.VALUE_ERROR_FIXES:
+        assert any(piece in text and "ValueError" in text for text in sources), piece
