@@ -83,10 +83,11 @@ def test_every_known_assertion_is_in_the_installed_fairseq_and_every_line_names_
         assert "--" in message and "\n" not in message, message
 
 
-def _raise_from(filename, code):
+def _raise_from(filename, code, kind=AssertionError):
+    """The ``kind`` exception ``code`` raises, compiled as if it were the file ``filename``."""
     try:
         exec(compile(code, filename, "exec"), {})
-    except AssertionError as exc:
+    except kind as exc:
         return exc
     raise AssertionError("nothing raised")
 
@@ -127,11 +128,7 @@ def test_a_missing_finetune_checkpoint_is_one_line_with_its_fix(tiny_world, tmp_
 
 
 def _value_error_from(filename, code):
-    try:
-        exec(compile(code, filename, "exec"), {})
-    except ValueError as exc:
-        return exc
-    raise AssertionError("nothing raised")
+    return _raise_from(filename, code, ValueError)
 
 
 def test_fairseqs_value_errors_naming_an_option_are_one_line_and_the_known_fixes_are_in_fairseq():
