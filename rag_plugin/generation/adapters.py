@@ -56,9 +56,13 @@ def _bart_part(encoder_out):
 
 
 def _select_pairs(rag, encoder_out, pairs: torch.Tensor):
-    """The generator's encoder output restricted to the given pair rows (adapter keys kept)."""
+    """The generator's encoder output restricted to the given pair rows (adapter keys kept; a score-biased FiD's
+    ``passage_log_prior`` [rows, K], which BART's encoder does not know, restricted to them too)."""
     out = rag.generator.encoder.reorder_encoder_out(_bart_part(encoder_out), pairs)
     out.update({key: encoder_out[key] for key in _SEARCH_KEYS if key in encoder_out})
+    if encoder_out.get("passage_log_prior"):  # rag_plugin.models.fid_score_bias.PRIOR_KEY
+        prior = encoder_out["passage_log_prior"][0]
+        out["passage_log_prior"] = [prior.index_select(0, pairs.to(prior.device))]
     return out
 
 

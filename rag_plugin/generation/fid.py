@@ -11,6 +11,9 @@ query rows grouped over fewer key/value rows); only the decoder's self-attention
 After the search, each hypothesis is teacher-forced once more to measure each passage's share of the
 decoder's cross-attention (:mod:`rag_plugin.generation.fid_attention`), attached to the hypothesis as
 ``doc_attention`` [K] beside ``doc_rows`` and ``doc_log_prior`` (the retriever's p(z|x), for the record).
+With ``--fid-score-bias`` the fused output also holds log p(z|x) (``fid_score_bias.PRIOR_KEY``): it follows the
+search's reordering with the rest of the output, and every decoder call (the search's, teacher forcing's) adds
+its bias to the cross-attention.
 ``--score-reference`` scores the given targets the same way (:class:`FidScorer`).
 """
 from typing import List, Optional
@@ -18,10 +21,34 @@ from typing import List, Optional
 import torch
 
 from rag_plugin.core import marginalization as M
-from rag_plugin.generation.adapters import PerDocumentSearchModel, RagGeneratorBase, _teacher_forcing_rows
+from rag_plugin.generation.adapters import (
+    PairDecoder,
+    PerDocumentSearchModel,
+    RagGeneratorBase,
+    _bart_part,
+    _teacher_forcing_rows,
+)
 from rag_plugin.generation.fid_attention import teacher_forced
 from rag_plugin.generation.scorer import reference_hypotheses
 from rag_plugin.util.errors import UserError
+
+
+class FusedDecoder(PairDecoder):
+    """The BART decoder over the fused encoder output (one row per question, its beams grouped), with
+    ``--fid-score-bias``'s bias read from the output's prior, which follows the search's questions."""
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
+        logits, _ = self.rag.fused_decode(prev_output_tokens, _bart_part(encoder_out),
+                                          incremental_state=incremental_state)
+        return logits, {"attn": [None]}
+
+
+class FidSearchModel(PerDocumentSearchModel):
+    """What SequenceGenerator sees for FiD: the cached fused encoder output and :class:`FusedDecoder`."""
+
+    def __init__(self, fid):
+        super().__init__(fid)
+        self.decoder = FusedDecoder(fid)
 
 
 class _FidGeneratorBase(RagGeneratorBase):
@@ -52,7 +79,7 @@ class FidGenerator(_FidGeneratorBase):
 
     def __init__(self, task, fid, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
         super().__init__(fid)
-        self.search_model = PerDocumentSearchModel(fid)
+        self.search_model = FidSearchModel(fid)
         self.search = task.build_search([self.search_model], args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
                                         prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
 

@@ -9,6 +9,8 @@ from typing import List, Tuple
 
 import torch
 
+from rag_plugin.models.fid_score_bias import select_prior
+
 
 class CrossAttentionRecorder:
     """Records the head-averaged cross-attention probabilities [R, T, S] of every decoder layer during
@@ -62,13 +64,14 @@ def teacher_forced(fid, encoder_out, question_rows: torch.Tensor, prev: torch.Te
 
     ``encoder_out``: the fused encoder output (one row per question, :func:`rag_plugin.models.fid.fuse_encodings`);
     ``question_rows`` Long[R] its row for each target; ``prev``/``target`` Long[R, T] the decoder's input and
-    the target (padded with ``fid.pad``)."""
+    the target (padded with ``fid.pad``). A score-biased FiD's prior (``fid_score_bias.PRIOR_KEY``) follows the rows.
+    """
     device = encoder_out["encoder_out"][0].device
     question_rows, prev, target = question_rows.to(device), prev.to(device), target.to(device)
-    enc = fid.generator.encoder.reorder_encoder_out(encoder_out, question_rows)
-    decoder = fid.generator.decoder
-    with CrossAttentionRecorder(decoder) as rec:
-        logits, _ = decoder(prev, encoder_out=enc)
+    enc = select_prior(encoder_out, fid.generator.encoder.reorder_encoder_out(encoder_out, question_rows),
+                       question_rows)
+    with CrossAttentionRecorder(fid.generator.decoder) as rec:
+        logits, _ = fid.fused_decode(prev, enc)  # with --fid-score-bias's bias where the output holds the prior
     mask = target.ne(fid.pad)
     lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
     attention = torch.stack(rec.layers).mean(0)                                  # [R, T, K*L]

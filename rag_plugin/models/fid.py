@@ -16,6 +16,11 @@ from the answer's cross-entropy reaches it. It stays fixed, unless the criterion
 trains it towards each passage's share of the decoder's cross-attention (FiD-KD, Atlas's ADist): then the
 forward pass also returns those shares as ``extra["doc_attention_scores"]`` [B, K] (a constant), and the
 retriever's scores keep their gradient (criterion ``reader_cross_entropy`` adds the loss).
+
+``--fid-score-bias`` (Akimoto et al., EMNLP Findings 2023) lets the decoder see retrieval: every cross-attention
+logit over passage k's positions gets ``w * log p(z_k|x)`` added (:mod:`rag_plugin.models.fid_score_bias`), w = 1 /
+``--fid-attention-temperature`` or learned (``score_bias_log_weight``, w = exp of it, only with the bias).
+``--fid-random-passages P`` trains with mixed-quality contexts (:mod:`rag_plugin.models.fid_random_passages`).
 """
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -24,8 +29,11 @@ import torch
 from fairseq.models import register_model, register_model_architecture
 from omegaconf import II
 
+from rag_plugin.core import marginalization as M
 from rag_plugin.core.net_output import ATTENTION_KEY
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
+from rag_plugin.models.fid_random_passages import QueryVectors, mix_random_passages
+from rag_plugin.models.fid_score_bias import score_bias, with_prior
 from rag_plugin.models.rag import RagModel, _preset
 from rag_plugin.models.rag_config import RagConfig, as_config, lr_scale
 from rag_plugin.optim.lr_scale import has_scaled_keys, plain_state
@@ -40,6 +48,31 @@ class FidConfig(RagConfig):
                                          "trains it"})
     #: the criterion's --retriever-loss (adist trains the query encoder; anything else leaves it fixed)
     retriever_loss: str = II("oc.select:criterion.retriever_loss,none")
+    fid_score_bias: bool = field(default=False, metadata={
+        "help": "add w * log p(z|x) to the decoder's cross-attention logits over each passage (Akimoto et al. 2023)"})
+    fid_attention_temperature: float = field(default=0.0, metadata={
+        "help": "with --fid-score-bias: w = 1 / this temperature; 0 = w is learned (starts at 1)"})
+    fid_random_passages: float = field(default=0.0, metadata={
+        "help": "training: probability per question that its last passage is replaced by a random one"})
+
+
+def check_fid_options(cfg) -> None:
+    """One-line errors for the FiD options that cannot work (``cfg``: a FidConfig)."""
+    temperature, random_p = float(cfg.fid_attention_temperature), float(cfg.fid_random_passages)
+    if not temperature >= 0:  # NaN too
+        raise UserError(f"--fid-attention-temperature {temperature} is negative",
+                        fix="give a temperature > 0 (w = 1/T), or 0 for a learned weight")
+    if temperature and not cfg.fid_score_bias:
+        raise UserError(f"--fid-attention-temperature {temperature} sets the weight of --fid-score-bias's bias, "
+                        "and the bias is off", fix="add --fid-score-bias, or leave --fid-attention-temperature out")
+    if not 0.0 <= random_p <= 1.0:
+        raise UserError(f"--fid-random-passages {random_p} is not a probability",
+                        fix="give the share of training questions that read one random passage, in [0, 1]")
+
+
+def learns_score_bias_weight(cfg) -> bool:
+    """Whether the model has the learned weight of the score bias (--fid-score-bias with temperature 0)."""
+    return bool(getattr(cfg, "fid_score_bias", False)) and not float(getattr(cfg, "fid_attention_temperature", 0.0))
 
 
 def fuse_encodings(encoder_out: Dict[str, List[torch.Tensor]], k: int) -> Dict[str, List[torch.Tensor]]:
@@ -69,6 +102,11 @@ class FidModel(RagModel):
     #: whether forward() returns the shares (set by build_model from the criterion's --retriever-loss)
     returns_attention = False
 
+    def __init__(self, cfg, *args, **kwargs):
+        super().__init__(cfg, *args, **kwargs)
+        if learns_score_bias_weight(cfg):  # w = exp(log weight), 1 at the start; plain FiD has no such parameter
+            self.score_bias_log_weight = torch.nn.Parameter(torch.zeros(()))
+
     @classmethod
     def build_model(cls, cfg, task):
         cfg = as_config(cfg, FidConfig)
@@ -77,6 +115,7 @@ class FidModel(RagModel):
                             fix="use --n-docs 1 or more, or --arch rag_token_* with --n-docs 0 for closed-book BART")
         # the query encoder learns only from a retriever loss (adist: the decoder's cross-attention over the
         # passages); otherwise no gradient reaches it: frozen, no graph, no optimizer state
+        check_fid_options(cfg)
         adist = str(interpolated(cfg, "retriever_loss", "none")) == "adist"
         cfg.freeze_query_encoder = not adist
         model = super().build_model(cfg, task)
@@ -87,6 +126,9 @@ class FidModel(RagModel):
         """A query encoder trained with --retriever-loss adist is saved with its learning-rate reparametrisation
         (``...parametrizations.weight.original`` = weight / scale); generating, it is fixed and plain."""
         state_dict = self._from_scaled_parameters(state_dict)
+        if learns_score_bias_weight(self.cfg) and "score_bias_log_weight" not in state_dict:
+            # a plain FiD checkpoint fine-tuned with --fid-score-bias: the weight starts at 1
+            state_dict = dict(state_dict, score_bias_log_weight=self.score_bias_log_weight.detach().clone())
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def _from_scaled_parameters(self, state_dict):
@@ -98,22 +140,58 @@ class FidModel(RagModel):
                      fixed_doc_scores=None, n_docs: Optional[int] = None):
         """Retrieve, encode each (question, passage) pair once, concatenate per question.
 
-        Returns (encoder_out over B rows of K*L positions, doc_scores [B, K], rows [B, K])."""
+        Returns (encoder_out over B rows of K*L positions, doc_scores [B, K], rows [B, K]). With --fid-score-bias the
+        encoder output also holds log p(z|x) [B, K] (``fid_score_bias.PRIOR_KEY``, with the scores' graph)."""
         encoder_out, doc_scores, rows = self.encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                     fixed_doc_scores, n_docs)
-        return fuse_encodings(encoder_out, doc_scores.size(1)), doc_scores, rows
+        fused = fuse_encodings(encoder_out, doc_scores.size(1))
+        if self.cfg.fid_score_bias:
+            fused = with_prior(fused, M.doc_log_prior(doc_scores.to(torch.promote_types(doc_scores.dtype,
+                                                                                        torch.float32))))
+        return fused, doc_scores, rows
+
+    def score_bias_weight(self):
+        """w of the score bias (a float, or the learned tensor), or None without --fid-score-bias."""
+        if not self.cfg.fid_score_bias:
+            return None
+        temperature = float(self.cfg.fid_attention_temperature)
+        if temperature:
+            return 1.0 / temperature
+        return self.score_bias_log_weight.exp()
+
+    def fused_decode(self, prev_output_tokens, encoder_out, **kwargs):
+        """The generator's decoder over a fused encoder output, with the score bias where it has a prior."""
+        with score_bias(self.generator.decoder, encoder_out, self.score_bias_weight()):
+            return self.generator.decoder(prev_output_tokens, encoder_out=encoder_out, **kwargs)
+
+    def retrieve(self, query_tokens, query_mask, n_docs: int, fixed_doc_rows=None, fixed_doc_scores=None,
+                 src_tokens=None):
+        """RAG's retrieval (and reranking); in training with --fid-random-passages P, each question's last passage
+        replaced by a random one with probability P (see :mod:`rag_plugin.models.fid_random_passages`)."""
+        args = (query_tokens, query_mask, n_docs, fixed_doc_rows, fixed_doc_scores, src_tokens)
+        p = float(self.cfg.fid_random_passages)
+        if not (self.training and p > 0):
+            return super().retrieve(*args)
+        with QueryVectors(self.query_encoder) as q:
+            doc_scores, rows = super().retrieve(*args)
+        # the random passage is scored scale * q.d where the K logits are that too: dense retrieval of its own rows,
+        # no reranker (whose scores are another scale); otherwise the margin rule
+        exact = fixed_doc_rows is None and getattr(self, "reranker", None) is None
+        return mix_random_passages(doc_scores, rows, p, len(self.retriever.store), self.retriever if exact else None,
+                                   q.value, self.doc_score_scale)
 
     def forward(self, src_tokens, prev_output_tokens, query_tokens=None, query_mask=None,
                 fixed_doc_rows=None, fixed_doc_scores=None, n_docs: Optional[int] = None, src_lengths=None):
         """Teacher-forced logits ``[B, T, V]`` and fairseq's decoder extras, with ``extra["doc_scores"]`` [B, K]
-        (the retriever's, for the record: no gradient) and ``extra["doc_rows"]`` [B, K]."""
+        (the retriever's: no gradient unless --retriever-loss adist trains the query encoder) and
+        ``extra["doc_rows"]`` [B, K]."""
         encoder_out, doc_scores, rows = self.fused_encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                           fixed_doc_scores, n_docs)
         if not self.returns_attention:
-            logits, extra = self.generator.decoder(prev_output_tokens, encoder_out=encoder_out)
+            logits, extra = self.fused_decode(prev_output_tokens, encoder_out)
         else:
             with CrossAttentionRecorder(self.generator.decoder) as recorded:
-                logits, extra = self.generator.decoder(prev_output_tokens, encoder_out=encoder_out)
+                logits, extra = self.fused_decode(prev_output_tokens, encoder_out)
             attention = torch.stack(recorded.layers).mean(0)                         # [B, T, K*L]
             extra[ATTENTION_KEY] = passage_shares(attention, prev_output_tokens.ne(self.pad),
                                                   doc_scores.size(1)).detach()
