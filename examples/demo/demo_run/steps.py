@@ -1,8 +1,9 @@
 """The demo's steps, each the commands a user would type: the data and the two knowledge sources,
-a retrieval example, generator pretraining, the five systems, the test answers and the
-leaderboard, the index hot-swap test, RAG-Token on Jeopardy-style generation with its document
-posterior plot, and the K sweep. A step whose output is complete is skipped. Which config and
-options each run uses comes from stages.yaml (:mod:`demo_run.recipe`)."""
+a retrieval example, generator pretraining, the systems (those run_demo.py --systems selects:
+:mod:`demo_run.selection`), their test answers and the leaderboard, the index hot-swap test,
+RAG-Token on Jeopardy-style generation with its document posterior plot, and the K sweep. A step
+whose output is complete is skipped. Which config and options each run uses comes from stages.yaml
+(:mod:`demo_run.recipe`)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ from omegaconf import DictConfig
 
 from demo_run import recipe
 from demo_run.end2end import linked_copy, reembed_final, reindex_report
-from demo_run.results import plot_sweep
 from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, read_text, training_done
 from rag_plugin.pipeline.commands import console_script, python_script
 from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
@@ -32,6 +32,8 @@ class Demo:
         self.work = work
         self.stages = stages
         self.results: Dict = {"systems": {}}
+        #: runs whose training an earlier invocation had finished in ``work`` (skipped here)
+        self.reused: List[str] = []
         #: systems trained on their own copy of the knowledge source (stages.yaml ``own_knowledge``) -> the copy
         self.knowledge_of: Dict[str, Path] = {}
 
@@ -103,6 +105,7 @@ class Demo:
         log_file = self.work / f"train_{name}.log"
         if ckpt.is_file() and training_done(log_file, updates):
             self.runner.log(f"   {name}: trained ({ckpt})")
+            self.reused.append(name)
             return ckpt
         run = run_settings(data, knowledge, save, updates, init=init, restore=restore)
         config = recipe.train_config(stage, run, then=then)
@@ -110,9 +113,10 @@ class Demo:
             self.runner.run(console_script("fairseq-train", *train_args(config)), log_file=log_file)
         return ckpt
 
-    def train_systems(self, updates: int, init: Path) -> Dict[str, Path]:
+    def train_systems(self, updates: int, init: Path, systems: Dict[str, DictConfig]) -> Dict[str, Path]:
+        """Train ``systems`` (name -> stage of stages.yaml's train.systems); their checkpoints."""
         checkpoints = {}
-        for name, stage in self.stages.train.systems.items():
+        for name, stage in systems.items():
             if not stage.get("own_knowledge"):
                 checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=init)
                 continue
@@ -135,10 +139,14 @@ class Demo:
         return out
 
     def leaderboard(self, checkpoints: Dict[str, Path]) -> None:
+        """The test rows (stages.yaml generate.test) of the systems in ``checkpoints``: answers, EM/F1, recall."""
         gold = DATA / "nq_demo" / "test.jsonl"
+        rows = {name: run for name, run in self.stages.generate.test.items() if run.system in checkpoints}
+        if not rows:
+            return
         outs = {}
         with self.runner.step("generate the test answers (nq_demo, held-out entities)"):
-            for name, run in self.stages.generate.test.items():
+            for name, run in rows.items():
                 options = {k: v for k, v in run.items() if k != "system"}
                 outs[name] = self.generate(checkpoints[run.system], DATA / "nq_demo", self.work / f"gen_{name}.txt",
                                            options, knowledge=self.knowledge_of.get(run.system, KS))
@@ -158,7 +166,8 @@ class Demo:
                                                          answer_in_top5=scores["answer_in_top5"])
                 if system in self.knowledge_of:  # what its re-indexes cost
                     self.results["systems"][name].update(self.reindex_row(system))
-            self.results["systems"]["rag_seq"] = dict(self.results["systems"]["rag_seq_thorough"])
+            if "rag_seq_thorough" in self.results["systems"]:
+                self.results["systems"]["rag_seq"] = dict(self.results["systems"]["rag_seq_thorough"])
 
     def reindex_row(self, system: str) -> Dict:
         """The re-indexes of ``system``'s training and its throughput beside its stage's ``compare_with``."""
@@ -294,11 +303,16 @@ class Demo:
             self.results["jeopardy"] = json.loads(scores.read_text())
 
     def k_sweep(self, checkpoints: Dict[str, Path], sweep: List[int]) -> Dict[str, List[Dict]]:
+        """The K sweep of the systems of stages.yaml's generate.k_sweep that ``checkpoints`` has (the plot of every
+        system's sweep, this run's and earlier runs', is drawn with RESULTS.md)."""
         gold = DATA / "nq_demo" / "test.jsonl"
         spec = self.stages.generate.k_sweep
         results = {}
+        systems = [name for name in spec.systems if name in checkpoints]
+        if not systems:
+            return results
         with self.runner.step("K sweep at test time (the paper's Figure 3)"):
-            for name in spec.systems:
+            for name in systems:
                 for k in sweep:
                     out = self.generate(checkpoints[name], DATA / "nq_demo", self.work / f"sweep_{name}_k{k}.txt",
                                         {"n_docs": k, **spec.options})
@@ -306,7 +320,6 @@ class Demo:
                     results.setdefault(name, []).append({"k": k, "em": r["em"], "recall": r[f"recall@{k}"]})
                     self.runner.log(f"   {name} K={k}: EM {r['em']:.1f}, recall@{k} {r[f'recall@{k}']:.1f}")
             self.results["k_sweep"] = results
-            plot_sweep(results, self.work / "k_sweep.png")
         return results
 
 
