@@ -32,6 +32,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("retrieval",),
     ("indexing",),
     ("data",),
+    ("reranking",),
     ("models", "criterions", "generation", "optim.torch_adamw"),
     ("reindexing",),
     ("tasks",),

@@ -136,7 +136,8 @@ def retrieved_rows(model, net_input: dict, gold: List[List[int]], k: int) -> Lis
     """Per question, the model's retrieval's best K-1 non-gold rows (it is asked for K-1 + the most gold rows)."""
     want = k - 1 + max(len(g) for g in gold)
     _, rows = model.retrieve(net_input.get("query_tokens"), net_input.get("query_mask"), want,
-                             net_input.get("fixed_doc_rows"), net_input.get("fixed_doc_scores"))
+                             net_input.get("fixed_doc_rows"), net_input.get("fixed_doc_scores"),
+                             net_input.get("src_tokens"))
     out = []
     for found, g in zip(rows.tolist(), gold):
         banned = set(g)

@@ -63,6 +63,8 @@ class RetrievalContext(SharedOnCopy):
     serving: bool = False
     #: the checkpoint served (named in the fix of a mismatch), when the task knows it
     checkpoint: Optional[str] = None
+    #: --reranker: L, the first stage's candidates per question the reranker scores (0: no reranking stage)
+    rerank_candidates: int = 0
 
     def __post_init__(self):
         if self.retriever is not None and not isinstance(self.retriever, Retriever):

@@ -38,6 +38,8 @@ from torch.utils.checkpoint import checkpoint
 
 from rag_plugin.core.scores import inner_products
 from rag_plugin.optim.lr_scale import plain_module_state
+from rag_plugin.reranking.base import RerankBatch, Reranker
+from rag_plugin.reranking.stage import rerank
 from rag_plugin.retrieval.encoders import lower_states as lower_cache
 from rag_plugin.retrieval.encoders.weights import state_dict_sha256
 from rag_plugin.util.errors import UserError
@@ -91,6 +93,10 @@ def check_options(cfg, task_cfg, variant: str, knowledge=None) -> None:
         raise UserError(f"--train-doc-encoder re-scores dense retrieval's rows; --retriever {retriever} scores "
                         f"{'lexically (BM25)' if retriever == 'bm25' else 'by fusing BM25 and dense ranks'}",
                         fix="use --retriever dense, or leave --train-doc-encoder out")
+    reranker = str(getattr(task_cfg, "reranker", None) or "none")
+    if reranker != "none":
+        raise UserError(f"--train-doc-encoder re-ranks with the model's own document encoder (--rerank-top L); "
+                        f"--reranker {reranker} would be a second reranker", fix="leave one of the two out")
     if share and cfg.freeze_query_encoder:
         raise UserError("--share-encoder-towers with --freeze-query-encoder: the one tower would be frozen, and no "
                         "document encoder trained", fix="leave one of the two out")
@@ -201,30 +207,36 @@ def _from_lower(doc_encoder, layers: int, hidden: torch.Tensor, mask: torch.Tens
     return doc_encoder.forward_from(hidden, mask, layers)
 
 
+class DocumentEncoderReranker(Reranker):
+    """The trainable document encoder as the reranking stage's scorer: scale x q . d(z), d(z) from the model's
+    CURRENT document tower on the candidates' texts (differentiable in both towers while training). It has no weights
+    of its own (the towers are the model's)."""
+
+    name = "doc_encoder"
+
+    def forward(self, model, batch: RerankBatch) -> torch.Tensor:
+        q = batch.query_vectors
+        d = document_vectors(model.doc_encoder, batch.rows, model.retriever.store, model.context.passage_tokenizer,
+                             q.device, lower_states_of(model), chunk=chunk_size(model.cfg))
+        return inner_products(d, q, model.doc_score_scale)  # float32 whatever the precision
+
+
 def rescored_retrieval(model, q: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(scores [B, K], rows Long[B, K]): the index's top L = max(K, --rerank-top) rows for ``q`` [B, D], scored
-    with the model's current document encoder (differentiable in both towers while training), the top K kept.
+    with the model's current document encoder (differentiable in both towers while training), the top K kept: the
+    reranking stage (:func:`rag_plugin.reranking.stage.rerank`) with :class:`DocumentEncoderReranker` as its scorer.
 
     While training with L > K the L candidates are scored without a graph, and only the K kept rows are encoded
     again with one: the top-K values are all the gradient reaches, so it is the same gradient as through the
-    whole [B, L] graph, with the activations and the backward of K rows per question instead of L."""
+    whole [B, L] graph, with the activations and the backward of K rows per question instead of L. With L = K the
+    index's order is kept."""
     top = max(k, int(model.cfg.rerank_top))
     with torch.no_grad():  # the index only picks the candidates: its stored vectors' scores are not used
-        _, rows = model.retriever.retrieve(q, top, model.doc_score_scale)
+        first, rows = model.retriever.retrieve(q, top, model.doc_score_scale)
+    batch = RerankBatch(rows=rows, first_stage=first.detach(), src_tokens=rows.new_zeros((rows.size(0), 0)),
+                        query_vectors=q)
     grad = model.training and torch.is_grad_enabled()
-    encode = functools.partial(document_vectors, model.doc_encoder, store=model.retriever.store,
-                               tokenize=model.context.passage_tokenizer, device=q.device,
-                               lower=lower_states_of(model), chunk=chunk_size(model.cfg))
-    if top > k:
-        with torch.no_grad():
-            scores = inner_products(encode(rows), q, model.doc_score_scale)  # [B, L]
-        best = scores.topk(k, dim=1)
-        rows = rows.gather(1, best.indices.cpu())
-        if not grad:
-            return best.values, rows
-    with torch.set_grad_enabled(grad):
-        scores = inner_products(encode(rows), q, model.doc_score_scale)  # [B, K], float32 whatever the precision
-    return scores, rows
+    return rerank(DocumentEncoderReranker(), model, batch, k, grad, keep_order_at_k=True)
 
 
 # ---------------------------------------------------------------------------------- the tower's name

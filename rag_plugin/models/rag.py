@@ -33,6 +33,10 @@ from rag_plugin.optim.lr_scale import (
     scale_learning_rate,
     scaled_state,
 )
+from rag_plugin.reranking.base import RerankBatch, Reranker
+from rag_plugin.reranking.options import reranker_name
+from rag_plugin.reranking.registry import build_reranker
+from rag_plugin.reranking.stage import rerank
 from rag_plugin.retrieval.encoders import load_encoder
 from rag_plugin.util.errors import UserError
 
@@ -49,11 +53,14 @@ class RagModel(BaseFairseqModel):
     config_class = RagConfig
 
     def __init__(self, cfg: RagConfig, generator, query_encoder: Optional[torch.nn.Module], dictionary,
-                 context: RetrievalContext, doc_encoder: Optional[torch.nn.Module] = None):
+                 context: RetrievalContext, doc_encoder: Optional[torch.nn.Module] = None,
+                 reranker: Optional[Reranker] = None):
         super().__init__()
         self.cfg = cfg
         self.generator = generator
         self.query_encoder = query_encoder
+        #: the reranking stage's scorer (--reranker: its weights are the model's), or None
+        self.reranker = reranker
         self.dictionary = dictionary
         self.bos, self.eos, self.pad = dictionary.bos(), dictionary.eos(), dictionary.pad()
         self.context: RetrievalContext = context
@@ -123,8 +130,9 @@ class RagModel(BaseFairseqModel):
         query_encoder = None
         if task.cfg.n_docs > 0 and task.cfg.retriever != "bm25":  # dense or hybrid
             query_encoder = cls.build_query_encoder(cfg, task)
+        reranker = build_reranker(reranker_name(task.cfg), cfg, task) if task.cfg.n_docs > 0 else None
         model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg),
-                    doc_side.build_doc_encoder(cfg, task, query_encoder))
+                    doc_side.build_doc_encoder(cfg, task, query_encoder), reranker)
         logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
                     f"{count_parameters(generator):,}",
                     f"{count_parameters(query_encoder):,}" if query_encoder is not None else "none",
@@ -159,11 +167,14 @@ class RagModel(BaseFairseqModel):
 
     # ------------------------------------------------------------------ retrieval
     def retrieve(self, query_tokens: Optional[torch.Tensor], query_mask: Optional[torch.Tensor], n_docs: int,
-                 fixed_doc_rows: Optional[torch.Tensor] = None, fixed_doc_scores: Optional[torch.Tensor] = None):
+                 fixed_doc_rows: Optional[torch.Tensor] = None, fixed_doc_scores: Optional[torch.Tensor] = None,
+                 src_tokens: Optional[torch.Tensor] = None):
         """Top-``n_docs`` documents: (doc_scores [B, K] (differentiable in q), rows Long[B, K]). The retriever
         searches with the query vectors (none for BM25); ``fixed_doc_*``: the candidates the dataset holds (BM25 and
         hybrid), or rows a caller forces on a dense model. With --train-doc-encoder the model's own document encoder
-        scores the rows the index finds."""
+        scores the rows the index finds; with --reranker the reranker scores the first stage's L candidates and keeps
+        the best ``n_docs`` (its scores are the logits; ``src_tokens``: the questions in generator tokens, which the
+        reader as reranker reads)."""
         q = None
         if self.query_encoder is not None and query_tokens is not None:
             grad = self.training and not self.cfg.freeze_query_encoder and torch.is_grad_enabled()
@@ -172,7 +183,25 @@ class RagModel(BaseFairseqModel):
         candidates = None if fixed_doc_rows is None else (fixed_doc_rows, fixed_doc_scores)
         if self.doc_encoder is not None and candidates is None:
             return doc_side.rescored_retrieval(self, q, n_docs)
-        return self.retriever.retrieve(q, n_docs, self.doc_score_scale, candidates)  # float32 under --fp16/--amp
+        if self.reranker is None:
+            return self.retriever.retrieve(q, n_docs, self.doc_score_scale, candidates)  # float32 under --fp16/--amp
+        wanted = max(n_docs, self.context.rerank_candidates)
+        with torch.no_grad():  # the first stage only proposes candidates
+            first, rows = self.retriever.retrieve(q, min(wanted, self._first_stage_width(candidates)),
+                                                  self.doc_score_scale, candidates)
+        if src_tokens is None:
+            raise UserError("the reranking stage reads the questions' generator tokens, and none were given",
+                            fix="call encode()/forward() with src_tokens, or retrieve(..., src_tokens=...)")
+        batch = RerankBatch(rows=rows, first_stage=first.detach().float(), src_tokens=src_tokens,
+                            query_tokens=query_tokens, query_mask=query_mask, query_vectors=q)
+        grad = self.training and torch.is_grad_enabled()
+        return rerank(self.reranker, self, batch, n_docs, grad)
+
+    def _first_stage_width(self, candidates) -> int:
+        """The most candidates the first stage can give: the dataset's (BM25, hybrid) or the whole collection."""
+        if candidates is not None:
+            return int(candidates[0].size(1))
+        return len(self.retriever.store)
 
     def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]):
         """Inputs for the B*K (question, document) pairs, from pre-tokenized passage ids."""
@@ -194,7 +223,7 @@ class RagModel(BaseFairseqModel):
         """
         k = self.n_docs if n_docs is None else n_docs
         if k > 0:
-            doc_scores, rows = self.retrieve(query_tokens, query_mask, k, fixed_doc_rows, fixed_doc_scores)
+            doc_scores, rows = self.retrieve(query_tokens, query_mask, k, fixed_doc_rows, fixed_doc_scores, src_tokens)
         else:
             b = src_tokens.size(0)
             doc_scores, rows = src_tokens.new_zeros((b, 1), dtype=torch.float), None

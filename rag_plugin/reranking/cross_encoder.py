@@ -31,6 +31,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from rag_plugin.optim.lr_scale import resolved_scale, scale_learning_rate
 from rag_plugin.reranking.base import RerankBatch, Reranker, register_reranker
 from rag_plugin.retrieval.encoders.bert import BertModel
 from rag_plugin.retrieval.shared import SharedOnCopy
@@ -168,16 +169,13 @@ def cross_encoder_bert(spec: str, task) -> BertModel:
 @register_reranker("cross")
 def build_cross_encoder(model_cfg, task) -> CrossEncoderReranker:
     """``--reranker cross``: the BERT of ``--cross-encoder`` with a zero head, learning at the towers' lr scale."""
-    from rag_plugin.models.rag_config import lr_scale  # fairseq's dataclasses: imported when a model is built
-    from rag_plugin.optim.lr_scale import scale_learning_rate
-
     if task.text_encoder is None:
         raise UserError("--reranker cross reads questions and passages with the knowledge source's encoder, and this "
                         "task has none loaded", fix="use a knowledge source built with a dense encoder, or another "
                         "--reranker")
     reranker = CrossEncoderReranker(cross_encoder_bert(task.cfg.cross_encoder, task), task.text_encoder)
     reranker.train()
-    scale = lr_scale(model_cfg)
+    scale = resolved_scale(model_cfg.query_encoder_lr_scale, getattr(model_cfg, "lr", None))  # the towers' scale
     if scale != 1.0:
         scale_learning_rate(reranker.bert, scale)
     return reranker

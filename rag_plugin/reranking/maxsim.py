@@ -214,6 +214,17 @@ def _lr_scale(model_cfg) -> float:
     return resolved_scale(getattr(model_cfg, "query_encoder_lr_scale", 0.0), lr)
 
 
+def build_token_state_cache(text_encoder, store, root: Path) -> lower_cache.LowerStates:
+    """``--maxsim-cache``: every passage's last hidden states under the frozen passage tower, computed once (with a
+    progress bar; ranks of a job take turns on its lock) into a lower-layer cache of all the tower's layers, which
+    :class:`PassageStates` then reads (no layer left to run)."""
+    tower = text_encoder.passage_tower
+    layers = len(tower.bert_model.encoder.layer)
+    key = lower_cache.tower_key(plain_module_state(tower), layers, store.sha256)
+    return lower_cache.lower_states(tower, layers, key, store, text_encoder.tokenize_passages, text_encoder.collate,
+                                    root)
+
+
 @register_reranker("maxsim")
 def build(model_cfg, task, cache_size: int = DEFAULT_CACHE) -> MaxSimReranker:
     """The MaxSim reranker of ``task``'s knowledge source: its own query tower learning at the query encoder's
@@ -225,6 +236,8 @@ def build(model_cfg, task, cache_size: int = DEFAULT_CACHE) -> MaxSimReranker:
     knowledge = getattr(task, "knowledge", None)
     check_token_states(encoder, knowledge)
     root = Path(knowledge.root) / lower_cache.DIR_NAME if getattr(knowledge, "root", None) else None
+    if root is not None and bool(getattr(task.cfg, "maxsim_cache", False)):
+        build_token_state_cache(encoder, knowledge.passages, root)
     query = copy.deepcopy(encoder.query_tower.bert_model).requires_grad_(True).train()
     reranker = MaxSimReranker(query, PassageStates(encoder, root, cache_size))
     scale = _lr_scale(model_cfg)

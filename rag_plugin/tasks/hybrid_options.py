@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from rag_plugin.reranking.options import rerank_candidates
 from rag_plugin.retrieval.hybrid import HybridRetriever
 from rag_plugin.util.errors import UserError
 
@@ -20,13 +21,14 @@ class HybridConfig(FairseqDataclass):
     fusion_scale: float = field(default=10.0, metadata={
         "help": "--retriever hybrid: p(z|x) = softmax(this x fused score in [0, 1])"})
     hybrid_candidates: int = field(default=0, metadata={
-        "help": "--retriever hybrid: candidates from each of the dense and BM25 lists; 0 = max(20, 2 x --n-docs)"})
+        "help": "--retriever hybrid: candidates from each of the dense and BM25 lists; 0 = max(20, 2 x --n-docs, "
+                "--rerank-candidates)"})
 
 
 def hybrid_candidates(cfg) -> int:
     """L, the candidates per side of hybrid retrieval, the automatic value resolved."""
     n = int(getattr(cfg, "hybrid_candidates", 0) or 0)
-    return n if n > 0 else max(20, 2 * int(cfg.n_docs or 0))
+    return n if n > 0 else max(20, 2 * int(cfg.n_docs or 0), rerank_candidates(cfg))
 
 
 def retriever_name(cfg) -> str:
@@ -61,8 +63,10 @@ def check_options(cfg, n_passages: int) -> None:
         raise UserError(f"--fusion-scale {scale} must be positive", fix="e.g. --fusion-scale 10")
     if retriever == "hybrid" and cfg.n_docs > 0:
         wanted = hybrid_candidates(cfg)
-        if wanted < cfg.n_docs:
-            raise UserError(f"--hybrid-candidates {wanted} is fewer than --n-docs {cfg.n_docs}",
-                            fix=f"take at least {cfg.n_docs} candidates from each side (0: automatic)")
+        least = max(int(cfg.n_docs), rerank_candidates(cfg))
+        if wanted < least:
+            what = f"--n-docs {cfg.n_docs}" if least == int(cfg.n_docs) else f"--rerank-candidates {least}"
+            raise UserError(f"--hybrid-candidates {wanted} is fewer than {what}",
+                            fix=f"take at least {least} candidates from each side (0: automatic)")
         if wanted > n_passages:
             cfg.hybrid_candidates = n_passages  # a small knowledge source: every passage is a candidate

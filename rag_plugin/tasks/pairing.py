@@ -31,12 +31,16 @@ class BuiltModel:
     cross_attention: bool
     #: the model class's name, for the messages
     name: str
+    #: the model's reranker (--reranker) has weights that learn from the retrieval scores: a retriever loss trains it
+    trains_reranker: bool = False
 
     @classmethod
     def of(cls, model) -> "BuiltModel":
         frozen = model.query_encoder is None or bool(model.cfg.freeze_query_encoder)
+        reranker = model.reranker
         return cls(variant=model.variant, trains_query_encoder=not frozen,
-                   cross_attention=bool(getattr(type(model), ATTENTION_CAPABILITY, False)), name=type(model).__name__)
+                   cross_attention=bool(getattr(type(model), ATTENTION_CAPABILITY, False)), name=type(model).__name__,
+                   trains_reranker=reranker is not None and bool(reranker.trainable))
 
 
 def check_family(model: Optional[BuiltModel], criterion) -> None:
@@ -62,10 +66,12 @@ def check_retriever_loss(task_cfg, model: Optional[BuiltModel], criterion) -> No
     if loss == "none":
         return
     retriever, k = str(task_cfg.retriever), int(task_cfg.n_docs)
-    if retriever == "bm25":
+    reranked = model is not None and model.trains_reranker
+    if retriever == "bm25" and not reranked:
         raise UserError(f"--retriever-loss {loss} trains the query encoder; --retriever bm25 has nothing to train",
                         fix="use --retriever dense or hybrid, or leave --retriever-loss out")
-    if retriever == "hybrid" and str(task_cfg.fusion) == "weighted" and float(task_cfg.fusion_weight) == 0.0:
+    if retriever == "hybrid" and str(task_cfg.fusion) == "weighted" and float(task_cfg.fusion_weight) == 0.0 \
+            and not reranked:
         raise UserError(f"--retriever-loss {loss} trains the query encoder through the dense side, and "
                         f"--fusion-weight 0 gives it no weight", fix="use a --fusion-weight above 0")
     if k < 2:
@@ -78,7 +84,7 @@ def check_retriever_loss(task_cfg, model: Optional[BuiltModel], criterion) -> No
         raise UserError(f"--retriever-loss {loss} needs the reader's likelihood of the answer under each document "
                         f"alone; Fusion-in-Decoder (--arch fid_*) reads them all at once",
                         fix="use --retriever-loss adist with FiD (its cross-attention over the passages)")
-    if not model.trains_query_encoder:
+    if not model.trains_query_encoder and not reranked:
         raise UserError(f"--retriever-loss {loss} trains the query encoder, and this model's is frozen",
                         fix="leave --freeze-query-encoder out, or leave --retriever-loss out")
     if loss == "adist" and not model.cross_attention:

@@ -37,6 +37,7 @@ from rag_plugin.generation.outputs import GenerationOutputs
 from rag_plugin.generation.piece_codec import PieceCodec
 from rag_plugin.models.context import PassageTokenizer, RetrievalContext
 from rag_plugin.reindexing.reindexer import Reindexer
+from rag_plugin.reranking import options as rerank_options
 from rag_plugin.retrieval.collective import job_searcher
 from rag_plugin.retrieval.knowledge import KnowledgeSource
 from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
@@ -50,7 +51,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RetrievalAugmentedConfig(hybrid_options.HybridConfig,  # --fusion, ...
-                               reindex_options.ReindexConfig):  # --reindex-every, ...
+                               reindex_options.ReindexConfig,  # --reindex-every, ...
+                               rerank_options.RerankConfig):  # --reranker, --rerank-candidates, ...
     data: str = field(default="", metadata={
         "help": "directory with train.jsonl, valid.jsonl (and test.jsonl), KILT style"})
     knowledge: str = field(default="", metadata={
@@ -89,17 +91,26 @@ class RetrievalAugmentedConfig(hybrid_options.HybridConfig,  # --fusion, ...
 DEFAULT_N_DOCS = 5
 
 
-def trained_n_docs(cfg) -> int:
-    """K for a run that did not give --n-docs: the checkpoint's (fairseq-generate/-interactive/-validate with
-    --path: a closed-book checkpoint generates closed book), else :data:`DEFAULT_N_DOCS`."""
+def checkpoint_task_options(cfg) -> Optional[dict]:
+    """The task options the checkpoint of ``--path`` (fairseq-generate/-interactive/-validate) was trained with, or
+    None (no --path, or unreadable: fairseq's loader reports that in one line when it loads the model)."""
     path = interpolated(cfg, "checkpoint_path")
     if not path:
-        return DEFAULT_N_DOCS
+        return None
     try:
         with checkpoint_types_allowed():  # the tensors stay on disk (mmap): only the config is read
             state = torch.load(str(path).split(":")[0], map_location="cpu", weights_only=True, mmap=True)
-        k = int(state["cfg"]["task"]["n_docs"])
-    except Exception:  # unreadable: fairseq's loader reports it in one line when it loads the model
+        return dict(state["cfg"]["task"])
+    except Exception:
+        return None
+
+
+def trained_n_docs(cfg, saved: Optional[dict] = None) -> int:
+    """K for a run that did not give --n-docs: the checkpoint's (``saved``, its task options: a closed-book checkpoint
+    generates closed book), else :data:`DEFAULT_N_DOCS`."""
+    try:
+        k = int((saved or {})["n_docs"])
+    except (KeyError, TypeError, ValueError):
         return DEFAULT_N_DOCS
     logger.info("--n-docs %d: as the checkpoint was trained (pass --n-docs to change it)", k)
     return k
@@ -143,8 +154,10 @@ class RetrievalAugmentedTask(FairseqTask):
         if not cfg.knowledge:
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
+        saved = checkpoint_task_options(cfg) if cfg.n_docs is None or getattr(cfg, "reranker", None) is None else None
         if cfg.n_docs is None:
-            cfg.n_docs = trained_n_docs(cfg)
+            cfg.n_docs = trained_n_docs(cfg, saved)
+        rerank_options.resolve_from_checkpoint(cfg, saved)
         if cfg.n_docs < 0:
             raise UserError(f"--n-docs must be >= 0, got {cfg.n_docs}",
                             fix="use --n-docs 0 (closed book) up to the number of passages")
@@ -153,13 +166,16 @@ class RetrievalAugmentedTask(FairseqTask):
             raise UserError(f"--n-docs {cfg.n_docs} is larger than the knowledge source ({len(knowledge)} passages)",
                             path=cfg.knowledge, fix=f"use --n-docs {len(knowledge)} or fewer")
         hybrid_options.check_options(cfg, len(knowledge))
+        rerank_options.check_options(cfg, len(knowledge))
         tokenizer = knowledge.load_generator_tokenizer()
         dictionary = Dictionary.load(str(tokenizer.files.dict))
         if len(dictionary) != len(tokenizer):
             raise UserError("generator dictionary and tokenizer disagree", path=tokenizer.files.dict)
         if cfg.nprobe is not None or cfg.ef_search is not None:
             knowledge.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
-        text_encoder = knowledge.load_encoder() if cfg.n_docs > 0 and cfg.retriever != "bm25" else None
+        reads_encoder = (cfg.retriever != "bm25"
+                         or rerank_options.reranker_name(cfg) in rerank_options.READ_KNOWLEDGE_ENCODER)
+        text_encoder = knowledge.load_encoder() if cfg.n_docs > 0 and reads_encoder else None
         logger.info("knowledge source %s: %d passages, encoder %s, dictionary %d symbols", cfg.knowledge,
                     len(knowledge), knowledge.encoder_identity.get("name"), len(dictionary))
         return cls(cfg, knowledge, dictionary, tokenizer, text_encoder)
@@ -227,7 +243,8 @@ class RetrievalAugmentedTask(FairseqTask):
                                 doc_score_scale=float(scale), identity=identity, knowledge=self.knowledge,
                                 passage_tokenizer=PassageTokenizer(self.text_encoder) if self.text_encoder else None,
                                 serving=self.serving,
-                                checkpoint=interpolated(self.cfg, "checkpoint_path"))
+                                checkpoint=interpolated(self.cfg, "checkpoint_path"),
+                                rerank_candidates=rerank_options.rerank_candidates(self.cfg))
 
     # ------------------------------------------------------------------ data
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs):
@@ -280,7 +297,8 @@ class RetrievalAugmentedTask(FairseqTask):
             tgt = [layout.prefix + t for t in self.tokenizer.encode_batch(targets)]
         fixed_rows = fixed_scores = None
         if self.cfg.n_docs > 0 and self.cfg.retriever == "bm25":
-            found = self.bm25.search(questions, candidates or self.cfg.n_docs)
+            found = self.bm25.search(questions, candidates or max(self.cfg.n_docs,
+                                                                  rerank_options.rerank_candidates(self.cfg)))
             fixed_rows, fixed_scores = found.rows, found.scores
         elif self.cfg.n_docs > 0 and self.cfg.retriever == "hybrid":  # the BM25 candidates, fused in the model
             fixed_rows, fixed_scores = self.retriever.bm25_candidates(questions)

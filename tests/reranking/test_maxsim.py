@@ -243,3 +243,21 @@ def test_one_line_errors(tiny_world):
     rows[1, 4] = -1
     with pytest.raises(ValueError, match="rows of -1"):  # the stage holds missing rows out: never a row's states
         reranker(_holder(task), _rerank_batch(task, rows))
+
+
+def test_maxsim_cache_holds_every_layer_and_gives_the_scores_of_the_texts(tiny_world, tmp_path):
+    """--maxsim-cache: the builder computes every passage's final token states once (a cache of all the tower's
+    layers: none left to run at a step), and the scores are those of the texts."""
+    world = _copied_knowledge(tiny_world, tmp_path)
+    task = _task(world)
+    plain = M.build(RagConfig(), task, cache_size=0).eval()
+    holder, batch = _holder(task), _rerank_batch(task)
+    with torch.no_grad():
+        from_text = plain(holder, batch)
+    task.cfg.maxsim_cache = True
+    cached = M.build(RagConfig(), task, cache_size=0).eval()
+    cached.query_encoder.load_state_dict(plain.query_encoder.state_dict())
+    found = cached.passages.lower(task.knowledge.passages)
+    assert found is not None and found.layers == len(task.text_encoder.passage_tower.bert_model.encoder.layer)
+    with torch.no_grad():
+        torch.testing.assert_close(cached(holder, batch), from_text, rtol=0, atol=1e-5)
