@@ -153,6 +153,7 @@ def test_the_stage_options_reach_their_runs(runs):
                            ("rag_token_rerank_cross", "cross"), ("rag_token_hybrid_rerank", "maxsim")):
         assert opts[name]["--arch"] == "rag_token_tiny" and opts[name]["--reranker"] == reranker, name
         assert opts[name]["--rerank-candidates"] == "20" and opts[name]["--n-docs"] == "3", name
+        assert (opts[name].get("--maxsim-cache") is True) == (reranker == "maxsim"), name  # token states once
     assert opts["rag_token_rerank_cross"]["--retriever-loss"] == "pdist"
     assert "--retriever-loss" not in opts["rag_token_rerank_maxsim"] and "--reranker" not in opts["rag_token"]
     assert opts["rag_token_hybrid_rerank"]["--retriever"] == "hybrid"
@@ -242,10 +243,10 @@ def test_generate_options():
     # the reranked systems are tested as they were trained: the same reranker, L=20 candidates -> K=5
     for name in ("rag_token_rerank_maxsim", "rag_token_rerank_upr", "rag_token_rerank_cross",
                  "rag_token_hybrid_rerank"):
-        trained = stages.train.systems[name].set
-        assert option_args(dict(stages.generate.test[name]))[-4:] == [
-            "--reranker", trained["task.reranker"], "--rerank-candidates", "20"], name
-        assert stages.generate.test[name].get("retriever", "dense") == trained.get("task.retriever", "dense")
+        trained, tested = stages.train.systems[name].set, stages.generate.test[name]
+        for key in ("reranker", "rerank_candidates", "maxsim_cache", "retriever"):
+            assert tested.get(key) == trained.get(f"task.{key}"), (name, key)
+        assert tested.rerank_candidates == 20 and tested.n_docs == 5
     assert list(stages.generate.k_sweep.systems) == ["rag_token", "fid", "fid_scorebias"]
 
 
