@@ -22,6 +22,7 @@ logit over passage k's positions gets ``w * log p(z_k|x)`` added (:mod:`rag_plug
 ``--fid-attention-temperature`` or learned (``score_bias_log_weight``, w = exp of it, only with the bias).
 ``--fid-random-passages P`` trains with mixed-quality contexts (:mod:`rag_plugin.models.fid_random_passages`).
 """
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -60,7 +61,8 @@ def check_fid_options(cfg) -> None:
     """One-line errors for the FiD options that cannot work (``cfg``: a FidConfig)."""
     temperature, random_p = float(cfg.fid_attention_temperature), float(cfg.fid_random_passages)
     if not temperature >= 0:  # NaN too
-        raise UserError(f"--fid-attention-temperature {temperature} is negative",
+        raise UserError(f"--fid-attention-temperature {temperature} is "
+                        f"{'not a number' if math.isnan(temperature) else 'negative'}",
                         fix="give a temperature > 0 (w = 1/T), or 0 for a learned weight")
     if temperature and not cfg.fid_score_bias:
         raise UserError(f"--fid-attention-temperature {temperature} sets the weight of --fid-score-bias's bias, "

@@ -378,7 +378,7 @@ def test_random_passages_without_a_dense_score_take_the_margin_rule(tiny_world):
 # ---------------------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("options, needle", [
     (dict(fid_score_bias=True, fid_attention_temperature=-1.0), "--fid-attention-temperature -1.0 is negative"),
-    (dict(fid_score_bias=True, fid_attention_temperature=float("nan")), "--fid-attention-temperature nan"),
+    (dict(fid_score_bias=True, fid_attention_temperature=float("nan")), "temperature nan is not a number"),
     (dict(fid_attention_temperature=2.0), "the bias is off"),
     (dict(fid_random_passages=1.5), "--fid-random-passages 1.5 is not a probability"),
     (dict(fid_random_passages=-0.1), "--fid-random-passages -0.1"),
