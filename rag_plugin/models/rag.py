@@ -127,10 +127,14 @@ class RagModel(BaseFairseqModel):
         generator = build_bart(GeneratorShape.of(cfg, init=generator_init(cfg)), dictionary)
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
+        reranker = build_reranker(reranker_name(task.cfg), cfg, task) if task.cfg.n_docs > 0 else None
+        if reranker is not None and not cfg.freeze_query_encoder:  # no gradient reaches it: fixed, no graph
+            logger.info("--reranker %s: the first stage only proposes candidates, its query encoder stays fixed",
+                        reranker.name)
+            cfg.freeze_query_encoder = True
         query_encoder = None
         if task.cfg.n_docs > 0 and task.cfg.retriever != "bm25":  # dense or hybrid
             query_encoder = cls.build_query_encoder(cfg, task)
-        reranker = build_reranker(reranker_name(task.cfg), cfg, task) if task.cfg.n_docs > 0 else None
         model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg),
                     doc_side.build_doc_encoder(cfg, task, query_encoder), reranker)
         logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,

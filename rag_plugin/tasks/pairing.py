@@ -40,7 +40,8 @@ class BuiltModel:
         reranker = model.reranker
         return cls(variant=model.variant, trains_query_encoder=not frozen,
                    cross_attention=bool(getattr(type(model), ATTENTION_CAPABILITY, False)), name=type(model).__name__,
-                   trains_reranker=reranker is not None and bool(reranker.trainable))
+                   trains_reranker=reranker is not None and bool(reranker.trainable)
+                   and all(p.requires_grad for p in reranker.parameters()))
 
 
 def check_family(model: Optional[BuiltModel], criterion) -> None:

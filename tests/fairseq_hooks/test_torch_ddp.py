@@ -143,6 +143,15 @@ CASES = {
     "amp": ["--amp"],  # CPU autocast (rag_plugin/fairseq_hooks/mixed_precision.py)
     "bf16": ["--bf16"],
     "fid_adist_start_amp": [*FID, *_start("adist"), "--amp"],
+    # the reranking stage (issue 35): the reranker's weights (maxsim's query BERT, the cross-encoder) or the generator
+    # (upr) take the gradient; the first stage's query encoder is fixed
+    "rerank_maxsim": ["--reranker", "maxsim", "--rerank-candidates", "6"],
+    "rerank_upr": ["--reranker", "upr", "--rerank-candidates", "6"],
+    "rerank_cross_pdist_start": ["--reranker", "cross", "--rerank-candidates", "6", *_start("pdist")],
+    "bm25_rerank_maxsim": ["--retriever", "bm25", "--reranker", "maxsim", "--rerank-candidates", "6"],
+    "hybrid_rerank_cross_amp": ["--retriever", "hybrid", "--reranker", "cross", "--rerank-candidates", "6", "--amp"],
+    "rerank_maxsim_store_ema": ["--reranker", "maxsim", "--rerank-candidates", "6", "--store-ema",
+                                "--ema-start-update", "1", "--save"],
 }
 
 
