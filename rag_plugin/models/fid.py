@@ -122,6 +122,10 @@ class FidModel(RagModel):
         cfg.freeze_query_encoder = not adist
         model = super().build_model(cfg, task)
         model.returns_attention = adist
+        if model.reranker is not None and not (adist or cfg.fid_score_bias):
+            # the answer's cross-entropy reaches the reranker's logits only through the score bias or adist:
+            # otherwise its weights are fixed (no graph, no optimizer state, no unused DDP parameter)
+            model.reranker.requires_grad_(False)
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):

@@ -150,6 +150,8 @@ CASES = {
     "rerank_cross_pdist_start": ["--reranker", "cross", "--rerank-candidates", "6", *_start("pdist")],
     "bm25_rerank_maxsim": ["--retriever", "bm25", "--reranker", "maxsim", "--rerank-candidates", "6"],
     "hybrid_rerank_cross_amp": ["--retriever", "hybrid", "--reranker", "cross", "--rerank-candidates", "6", "--amp"],
+    "fid_rerank_maxsim": [*FID, "--reranker", "maxsim", "--rerank-candidates", "6"],  # fixed: no signal reaches it
+    "fid_scorebias_rerank_cross": [*FID, "--fid-score-bias", "--reranker", "cross", "--rerank-candidates", "6"],
     "rerank_maxsim_store_ema": ["--reranker", "maxsim", "--rerank-candidates", "6", "--store-ema",
                                 "--ema-start-update", "1", "--save"],
 }
