@@ -47,16 +47,37 @@ def load_fairseq_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> 
 
 
 def task_overrides(knowledge=None, n_docs=None, rag_decoding=None, retriever=None, nprobe=None, ef_search=None,
-                   private_index=False) -> dict:
+                   private_index=False, reranker=None, rerank_candidates=None) -> dict:
     """``from_pretrained``'s arguments as fairseq's ``arg_overrides`` of the checkpoint's task config. With
     ``knowledge`` (a hot swap) the checkpoint's search settings, made for its own index, are dropped."""
     task = {"private_index": bool(private_index)}
     if knowledge is not None:
         task.update(knowledge=knowledge, nprobe=nprobe, ef_search=ef_search)
     given = {"nprobe": nprobe, "ef_search": ef_search, "n_docs": n_docs, "rag_decoding": rag_decoding,
-             "retriever": retriever}
+             "retriever": retriever, "reranker": reranker, "rerank_candidates": rerank_candidates}
     task.update({k: v for k, v in given.items() if v is not None})
     return {"task": task}
+
+
+def checkpoint_task_options(path: str) -> dict:
+    """The task options a checkpoint was trained with (``--reranker``, ``--retriever``, ``--n-docs``...), read from
+    its config alone: the tensors stay on disk (mapped), under the plugin's allow-list. A missing, damaged or unsafe
+    file is a one-line :class:`UserError`."""
+    if not Path(path).is_file():
+        raise UserError("checkpoint not found", path=path, fix="pass the path of a checkpoint*.pt")
+    try:
+        with checkpoint_types_allowed():
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:  # a file of torch's legacy format cannot be mapped: read it whole
+                if "zipfile" not in str(err):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        return dict((state.get("cfg") or {})["task"])
+    except UserError:
+        raise
+    except Exception as err:  # torch: UnpicklingError / RuntimeError / EOFError; no config: KeyError, TypeError
+        raise checkpoint_load_error(path, err) from None
 
 
 def recorded_knowledge(state: dict, checkpoint: str) -> str:
@@ -81,13 +102,16 @@ class RAG:
     def from_pretrained(cls, checkpoint: str, knowledge: Optional[str] = None, n_docs: Optional[int] = None,
                         rag_decoding: Optional[str] = None, retriever: Optional[str] = None,
                         nprobe: Optional[int] = None, ef_search: Optional[int] = None,
-                        private_index: bool = False, device: Optional[str] = "cpu") -> "RAG":
+                        private_index: bool = False, device: Optional[str] = "cpu", reranker: Optional[str] = None,
+                        rerank_candidates: Optional[int] = None) -> "RAG":
         """Load through fairseq's ``load_model_ensemble_and_task`` with these arguments as its ``arg_overrides``
         (as fairseq's BART ``from_pretrained``). ``nprobe`` / ``ef_search``: search settings of an IVF / HNSW index;
         with ``knowledge`` (a hot swap) the checkpoint's own, made for its index, are dropped. ``private_index``: read
         a private copy of the FAISS index instead of mapping it shared. ``device``: where the model runs (cpu, cuda:
         this process's GPU, cuda:N; None: a GPU when there is one, else the CPU); a GPU without CUDA is a one-line
-        error, before anything is loaded."""
+        error, before anything is loaded. ``reranker``: the reranking stage's ``--reranker``, which must be the one the
+        checkpoint was trained with (its weights, its fixed query encoder; a one-line error otherwise; None: the
+        checkpoint's); ``rerank_candidates``: its ``--rerank-candidates`` L (default: the checkpoint's)."""
         where = resolve_device(device, "device")
         import_fairseq_quietly()
         import rag_plugin  # the package root: registers the plugin
@@ -96,7 +120,14 @@ class RAG:
         from fairseq import checkpoint_utils  # after import_fairseq_quietly (its import logs otherwise)
         from fairseq.dataclass.utils import overwrite_args_by_name  # after import_fairseq_quietly
 
-        overrides = task_overrides(knowledge, n_docs, rag_decoding, retriever, nprobe, ef_search, private_index)
+        if reranker is not None:  # its weights (maxsim, cross) are in the checkpoint, its query encoder fixed
+            trained = str(checkpoint_task_options(checkpoint).get("reranker") or "none")
+            if reranker != trained:
+                raise UserError(f"reranker {reranker!r} is not the one the checkpoint was trained with ({trained})",
+                                path=checkpoint, fix="leave reranker out (the checkpoint's), or load a checkpoint "
+                                                     f"trained with --reranker {reranker}")
+        overrides = task_overrides(knowledge, n_docs, rag_decoding, retriever, nprobe, ef_search, private_index,
+                                   reranker, rerank_candidates)
         state = load_fairseq_checkpoint(checkpoint, overrides)
         if knowledge is None:  # the path as typed for fairseq-train, else as the model records it
             overwrite_args_by_name(state["cfg"], {"task": {"knowledge": recorded_knowledge(state, checkpoint)}})

@@ -14,6 +14,17 @@ rag-evaluate scores directly:
 
 Question ids are the --data-file's record ids (so they match the gold file), else the 0-based
 question number.
+
+--rerank {maxsim,upr,cross} reranks the first stage's --rerank-candidates L of each question and keeps the best -k
+(scores: the reranker's logits); without --path only maxsim (the knowledge source's own encoder, late interaction),
+with --path CHECKPOINT the checkpoint's model retrieves and reranks exactly as generation reads (its own first stage
+and reranker; see rag_plugin/cli/search_rerank.py):
+
+    rag-search --knowledge KS --data-file DATA/test.jsonl -k 5 --rerank maxsim --rerank-candidates 20 \
+        --kilt-out maxsim.jsonl > /dev/null
+    rag-search --knowledge KS --data-file DATA/test.jsonl -k 5 --path CKPT/checkpoint_best.pt \
+        --kilt-out reranked.jsonl > /dev/null
+    rag-evaluate --gold DATA/test.jsonl --guess reranked.jsonl --metrics recall@1,recall@5
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
+from rag_plugin.cli import search_rerank
 from rag_plugin.cli.common import ArgumentParser
 from rag_plugin.util.errors import UserError, cli_main
 from rag_plugin.util.io import atomic_path, decoded_lines
@@ -78,14 +90,18 @@ def build_parser() -> ArgumentParser:
     which.add_argument("--bm25", action="store_true", help="BM25 over the passage texts instead of the dense index")
     which.add_argument("--hybrid", action="store_true",
                        help="fuse dense and BM25 candidates (as --retriever hybrid does)")
-    p.add_argument("--fusion", choices=("rrf", "weighted"), default="rrf",
-                   help="--hybrid: reciprocal rank fusion or min-max normalised weighted scores")
-    p.add_argument("--rrf-k", type=float, default=60.0, help="--fusion rrf: the k of 1 / (k + rank)")
-    p.add_argument("--fusion-weight", type=float, default=0.5, help="--fusion weighted: the dense side's weight")
-    p.add_argument("--hybrid-candidates", type=int, default=0,
-                   help="--hybrid: candidates from each side before fusing (0: max(20, 2 x -k))")
+    # defaults None (the values below): --path refuses them when given (the checkpoint has its own first stage)
+    p.add_argument("--fusion", choices=("rrf", "weighted"), default=None,
+                   help="--hybrid: reciprocal rank fusion or min-max normalised weighted scores (default: rrf)")
+    p.add_argument("--rrf-k", type=float, default=None, help="--fusion rrf: the k of 1 / (k + rank) (default: 60)")
+    p.add_argument("--fusion-weight", type=float, default=None,
+                   help="--fusion weighted: the dense side's weight (default: 0.5)")
+    p.add_argument("--hybrid-candidates", type=int, default=None,
+                   help="--hybrid: candidates from each side before fusing (default: 0, max(20, 2 x -k); with "
+                        "--rerank max(20, 2 x L))")
     p.add_argument("--kilt-out", default=None, metavar="FILE",
                    help="also write the hits as KILT JSONL (one record per question) for rag-evaluate")
+    search_rerank.add_options(p)
     return p
 
 
@@ -102,38 +118,82 @@ def kilt_record(qid: str, question: str, found: List[dict]) -> dict:
     return {"id": qid, "input": question, "output": [{"provenance": provenance}]}
 
 
-def _retriever(args):
+def _retriever(args, depth: int, knowledge=None):
+    """The first stage, searched ``depth`` deep (-k, or L with --rerank); ``knowledge``: the source, opened."""
     from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever  # start-up: numpy, faiss, bm25s
 
     if args.bm25:
-        return BM25Retriever.from_dir(args.knowledge)
-    dense = DenseRetriever.from_dir(args.knowledge, nprobe=args.nprobe, ef_search=args.ef_search,
-                                    index_mode="private" if args.private_index else "shared")
+        return BM25Retriever(knowledge.passages) if knowledge is not None else BM25Retriever.from_dir(args.knowledge)
+    if knowledge is None:
+        dense = DenseRetriever.from_dir(args.knowledge, nprobe=args.nprobe, ef_search=args.ef_search,
+                                        index_mode="private" if args.private_index else "shared")
+    else:
+        if args.nprobe is not None or args.ef_search is not None:
+            knowledge.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search)
+        dense = DenseRetriever(knowledge)
     if not args.hybrid:
         return dense
     from rag_plugin.retrieval.hybrid import HybridRetriever  # start-up
 
-    candidates = args.hybrid_candidates or max(20, 2 * args.k)
-    if candidates < args.k:
-        raise UserError(f"--hybrid-candidates {candidates} is fewer than -k {args.k}",
-                        fix=f"take at least {args.k} candidates from each side (0: automatic)")
-    return HybridRetriever(dense, BM25Retriever(dense.store), fusion=args.fusion, rrf_k=args.rrf_k,
-                           weight=args.fusion_weight, candidates=min(candidates, len(dense.store)))
+    candidates = args.hybrid_candidates or max(20, 2 * depth)
+    if candidates < depth:
+        what = f"-k {args.k}" if depth == args.k else f"--rerank-candidates {depth}"
+        raise UserError(f"--hybrid-candidates {candidates} is fewer than {what}",
+                        fix=f"take at least {depth} candidates from each side (0: automatic)")
+    return HybridRetriever(dense, BM25Retriever(dense.store), fusion=args.fusion or "rrf",
+                           rrf_k=60.0 if args.rrf_k is None else args.rrf_k,
+                           weight=0.5 if args.fusion_weight is None else args.fusion_weight,
+                           candidates=min(candidates, len(dense.store)))
+
+
+def _searcher(args):
+    """What searches a batch of questions: ``search(questions) -> Retrieval`` of -k hits each."""
+    if args.path is not None:
+        return search_rerank.checkpoint_retrieval(args)
+    if args.rerank is not None:
+        return search_rerank.late_interaction(args, lambda knowledge, depth: _retriever(args, depth, knowledge))
+    retriever = _retriever(args, args.k)
+    return _Plain(retriever, args.k)
+
+
+class _Plain:
+    """The first stage alone: ``search(questions)`` -> its top -k."""
+
+    def __init__(self, retriever, k: int):
+        self.retriever, self.k = retriever, k
+
+    def search(self, questions):
+        return self.retriever.search(questions, self.k)
+
+
+def _progress(total: int):
+    """A progress bar on stderr for many questions (none for a few)."""
+    from tqdm import tqdm  # start-up: not needed by --help
+
+    return tqdm(total=total, desc="rag-search", unit=" q", mininterval=1.0, file=sys.stderr,
+                disable=total < PROGRESS_FROM)
+
+
+#: questions from which a progress bar is shown
+PROGRESS_FROM = 200
 
 
 def search(args, out, kilt) -> None:
     """Search every question; JSON lines to ``out``, KILT records to ``kilt`` (when not None)."""
+    search_rerank.check_arguments(args)
     questions, ids = questions_and_ids(args)
-    retriever = _retriever(args)
-    for start in range(0, len(questions), args.batch_size):
-        batch = questions[start:start + args.batch_size]
-        res = retriever.search(batch, args.k)
-        for b, (rows, scores) in enumerate(zip(res.rows, res.scores)):
-            found = hits(rows, scores, res.store)
-            for h in found:
-                out.write(json.dumps({"query": start + b, **h}, ensure_ascii=False) + "\n")
-            if kilt is not None:
-                kilt.write(json.dumps(kilt_record(ids[start + b], batch[b], found), ensure_ascii=False) + "\n")
+    searcher = _searcher(args)
+    with _progress(len(questions)) as bar:
+        for start in range(0, len(questions), args.batch_size):
+            batch = questions[start:start + args.batch_size]
+            res = searcher.search(batch)
+            for b, (rows, scores) in enumerate(zip(res.rows, res.scores)):
+                found = hits(rows, scores, res.store)
+                for h in found:
+                    out.write(json.dumps({"query": start + b, **h}, ensure_ascii=False) + "\n")
+                if kilt is not None:
+                    kilt.write(json.dumps(kilt_record(ids[start + b], batch[b], found), ensure_ascii=False) + "\n")
+            bar.update(len(batch))
     out.flush()
 
 

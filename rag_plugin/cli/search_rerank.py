@@ -1,0 +1,233 @@
+"""rag-search --rerank: the first stage's L candidates of each question reranked, the best K kept.
+
+Two ways to rerank (each hit's score is the reranker's logit of p(z|x)):
+
+* without --path: ``--rerank maxsim`` only, zero-shot late interaction (ColBERT's MaxSim) with the knowledge source's
+  own encoder: its query tower's token states of the question against its passage tower's token states of each
+  candidate (:mod:`rag_plugin.reranking.maxsim`; from the lower-layer cache ``KS/.lower_states`` where one of this
+  tower exists), over the first stage's L candidates (dense, ``--bm25`` or ``--hybrid``), the best K kept by
+  :func:`rag_plugin.reranking.stage.rerank`. The reader as reranker (upr) needs a generator and the cross-encoder a
+  trained head: both need --path.
+* with --path CHECKPOINT: the checkpoint's model, loaded through :class:`rag_plugin.hub.RAG`, retrieves exactly as
+  generation reads: the questions go through the task's ``build_dataset`` and the model's ``retrieve`` (its own
+  first stage, its own reranker, ``-k`` documents of ``--rerank-candidates`` L). ``--rerank`` may be left out; given,
+  it must be the reranker the checkpoint was trained with (``--reranker``: its weights, and the query encoder it kept
+  fixed). A checkpoint trained without a reranker gives its own retrieval, unreranked.
+
+Each searcher maps a batch of questions to a :class:`~rag_plugin.retrieval.retriever.Retrieval` (rows and scores
+[B, K], best first; a row of -1 where fewer than K passages could be found). torch, fairseq and the scorers are
+imported when a search starts, not by ``--help``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, List, Optional
+
+from rag_plugin.util.errors import UserError
+
+#: the --rerank choices: rag_plugin.reranking.base.RERANKERS (which imports torch; a test checks they agree)
+RERANKERS = ("maxsim", "upr", "cross")
+#: L when neither --rerank-candidates nor a checkpoint says: max(this, -k) (rag_plugin.reranking.options's)
+DEFAULT_CANDIDATES = 20
+#: rerankers that need a checkpoint's model, and why
+NEED_PATH = {"upr": "the reader as reranker scores with a generator",
+             "cross": "the cross-encoder's head is trained with a model"}
+#: first-stage options that --path leaves to the checkpoint (dest -> option)
+FIRST_STAGE_OPTIONS = {"bm25": "--bm25", "hybrid": "--hybrid", "fusion": "--fusion", "rrf_k": "--rrf-k",
+                       "fusion_weight": "--fusion-weight", "hybrid_candidates": "--hybrid-candidates"}
+
+
+def add_options(p) -> None:
+    """The reranking options of rag-search."""
+    p.add_argument("--rerank", choices=RERANKERS, default=None,
+                   help="rerank the first stage's candidates: maxsim (late interaction with the knowledge source's "
+                        "encoder), upr or cross (with --path) (default: the checkpoint's with --path, else none)")
+    p.add_argument("--rerank-candidates", type=int, default=None, metavar="L",
+                   help="first-stage candidates per question the reranker scores, of which it keeps -k (default: "
+                        f"the checkpoint's with --path, else max({DEFAULT_CANDIDATES}, -k))")
+    p.add_argument("--path", default=None, metavar="CHECKPOINT",
+                   help="retrieve and rerank with this checkpoint's model, as generation does (its first stage and "
+                        "reranker)")
+    p.add_argument("--device", default=None, help="where the reranker (or --path's model) runs: cpu, cuda or cuda:N "
+                                                    "(default: cuda when a GPU is available, else cpu)")
+
+
+def reranks(args) -> bool:
+    """Whether this run reranks (or reads a checkpoint's retrieval): --rerank or --path."""
+    return args.rerank is not None or args.path is not None
+
+
+def check_arguments(args) -> None:
+    """What can be refused before anything is loaded: one-line errors naming the option."""
+    if args.path is None:
+        if args.rerank in NEED_PATH:
+            raise UserError(f"--rerank {args.rerank}: {NEED_PATH[args.rerank]}, which only a checkpoint has",
+                            fix=f"pass --path CHECKPOINT (a model trained with --reranker {args.rerank}), or use "
+                                "--rerank maxsim")
+        if args.rerank is None and args.rerank_candidates is not None:
+            raise UserError(f"--rerank-candidates {args.rerank_candidates} gives candidates to a reranker, and no "
+                            "--rerank is given", fix=f"add --rerank {{{','.join(RERANKERS)}}}, or leave "
+                                                     "--rerank-candidates out")
+        return
+    given = [flag for dest, flag in FIRST_STAGE_OPTIONS.items() if getattr(args, dest) not in (None, False)]
+    if given:
+        raise UserError(f"{given[0]} sets a first stage; --path retrieves with the checkpoint's own (its --retriever "
+                        "and fusion settings)", fix=f"leave {given[0]} out with --path")
+
+
+def candidates(args, n_passages: int, default: Optional[int] = None, whose: str = "") -> int:
+    """L: --rerank-candidates, else ``default`` (``whose``: where it came from, for the messages), else
+    max(20, -k) up to the collection; checked against -k and the collection."""
+    if args.k < 1:
+        raise UserError(f"-k must be at least 1, got {args.k}", fix="ask for 1 or more passages")
+    if args.rerank_candidates is not None:
+        wanted, whose = args.rerank_candidates, ""
+    elif default is not None:
+        wanted = int(default)
+    else:
+        wanted, whose = min(max(DEFAULT_CANDIDATES, args.k), n_passages), ""
+    said = f"--rerank-candidates {wanted}{whose}"
+    if wanted < args.k:
+        raise UserError(f"{said} is fewer than -k {args.k}: the reranker keeps the best -k of the candidates",
+                        fix=f"use --rerank-candidates {args.k} or more")
+    if wanted > n_passages:
+        raise UserError(f"{said} is larger than the knowledge source ({n_passages} passages)",
+                        fix=f"use --rerank-candidates {n_passages} or fewer")
+    return wanted
+
+
+def found(scores, rows, store):
+    """A Retrieval of a reranked batch: the logits [B, K] and rows Long[B, K] (tensors); a row the stage held out
+    as missing (its logit ``NO_ROW``, its row read as 0) is -1 again."""
+    import torch  # loaded by the search already
+
+    from rag_plugin.reranking.stage import NO_ROW
+    from rag_plugin.retrieval.retriever import Retrieval
+
+    scores, rows = scores.detach().float().cpu(), rows.cpu()
+    rows = torch.where(scores.le(NO_ROW / 2), torch.full_like(rows, -1), rows)
+    return Retrieval(rows=rows.numpy().astype("int64"), scores=scores.numpy(), store=store)
+
+
+# ------------------------------------------------------------------ without --path: zero-shot MaxSim
+class LateInteraction:
+    """``--rerank maxsim`` over a first stage's candidates with the knowledge source's own encoder (no checkpoint):
+    ``search(questions)`` -> the best ``k`` of the first stage's ``depth`` by MaxSim."""
+
+    def __init__(self, first_stage, knowledge, encoder, k: int, depth: int, device):
+        from rag_plugin.reranking.maxsim import MaxSimReranker, PassageStates, check_token_states
+        from rag_plugin.retrieval.encoders import lower_states
+        from rag_plugin.util.devices import resolve_device
+
+        check_token_states(encoder, knowledge)  # the scorer's own one-line errors
+        self.first_stage, self.encoder, self.k, self.depth = first_stage, encoder, k, depth
+        self.device = resolve_device(device)
+        encoder.to(self.device)  # the query tower reads the questions, the passage tower the candidates
+        states = PassageStates(encoder, Path(knowledge.root) / lower_states.DIR_NAME)
+        # the knowledge source's own query BERT (not a copy: nothing trains it here), in eval mode
+        self.reranker = MaxSimReranker(encoder.query_tower.bert_model, states).eval()
+        self.model = SimpleNamespace(retriever=SimpleNamespace(store=first_stage.store))  # what the scorer reads
+
+    def search(self, questions: List[str]):
+        import torch  # loaded at construction
+
+        from rag_plugin.reranking.base import RerankBatch
+        from rag_plugin.reranking.stage import rerank
+
+        first = self.first_stage.search(questions, self.depth)
+        ids, mask, _ = self.encoder.collate(self.encoder.tokenize_queries(questions))
+        batch = RerankBatch(rows=torch.from_numpy(first.rows), first_stage=torch.from_numpy(first.scores).float(),
+                            src_tokens=torch.zeros((len(questions), 0), dtype=torch.long),  # no generator here
+                            query_tokens=ids.to(self.device), query_mask=mask.bool().to(self.device))
+        with torch.inference_mode():
+            scores, rows = rerank(self.reranker, self.model, batch, self.k, grad=False)
+        return found(scores, rows, first.store)
+
+
+def knowledge_and_encoder(first_stage, knowledge):
+    """The knowledge source and encoder behind a first stage (the dense side's, loaded once), else ``knowledge``
+    and its encoder (BM25)."""
+    dense = getattr(first_stage, "dense", first_stage)
+    if getattr(dense, "encoder", None) is not None and getattr(dense, "knowledge", None) is not None:
+        return dense.knowledge, dense.encoder
+    return knowledge, knowledge.load_encoder()
+
+
+def late_interaction(args, open_first_stage: Callable) -> LateInteraction:
+    """--rerank maxsim without --path; ``open_first_stage(knowledge, depth)``: the first stage of L = depth."""
+    from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy, faiss
+
+    knowledge = KnowledgeSource(args.knowledge, index_mode="private" if args.private_index else "shared")
+    depth = candidates(args, len(knowledge))
+    first_stage = open_first_stage(knowledge, depth)
+    knowledge, encoder = knowledge_and_encoder(first_stage, knowledge)
+    return LateInteraction(first_stage, knowledge, encoder, args.k, depth, args.device)
+
+
+# ------------------------------------------------------------------ with --path: the checkpoint's model
+class CheckpointRetrieval:
+    """The model of ``--path`` retrieving (and reranking) as generation reads it: ``search(questions)`` -> its
+    ``retrieve`` over the task's dataset of the questions."""
+
+    def __init__(self, rag):
+        self.rag = rag
+
+    def search(self, questions: List[str]):
+        import torch  # loaded with the model
+
+        task, model = self.rag.task, self.rag.model
+        dataset = task.build_dataset(list(questions))
+        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+        device = self.rag.device
+        ni = {key: (v.to(device) if torch.is_tensor(v) else v) for key, v in sample["net_input"].items()}
+        with torch.no_grad():
+            scores, rows = model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), model.n_docs,
+                                          ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"), ni["src_tokens"])
+        return found(scores, rows, model.retriever.store)
+
+
+def _checkpoint_depth(args, saved: Optional[int], reranker: str, n_passages: int) -> Optional[int]:
+    """L for the checkpoint's model (None: it does not rerank): --rerank-candidates, else the checkpoint's
+    (``saved``), else max(20, -k)."""
+    if reranker != "none":
+        return candidates(args, n_passages, saved, " (the checkpoint's)")
+    if args.rerank_candidates is not None:
+        raise UserError(f"--rerank-candidates {args.rerank_candidates} gives candidates to a reranker, and the "
+                        "checkpoint was trained without one", path=args.path,
+                        fix="leave --rerank-candidates out (the checkpoint retrieves without reranking), or leave "
+                            "--path out and use --rerank maxsim")
+    if not 1 <= args.k <= n_passages:
+        raise UserError(f"-k {args.k} is outside 1..{n_passages} (the knowledge source's passages)",
+                        fix=f"use -k 1 to {n_passages}")
+    return None
+
+
+def _other_reranker(args, trained: str) -> UserError:
+    """--rerank names another reranker than the checkpoint's (its weights and its fixed query encoder are that
+    reranker's)."""
+    if trained == "none":
+        return UserError(f"--rerank {args.rerank} reranks with a model trained with --reranker {args.rerank}, and the "
+                         "checkpoint was trained without a reranker", path=args.path,
+                         fix="leave --rerank out (the checkpoint's own retrieval, unreranked), or use a checkpoint "
+                             f"trained with --reranker {args.rerank}" + ("; without --path, --rerank maxsim reranks "
+                                                                        "zero-shot" if args.rerank == "maxsim" else ""))
+    return UserError(f"--rerank {args.rerank} is not the checkpoint's reranker (it was trained with --reranker "
+                     f"{trained})", path=args.path, fix=f"leave --rerank out, or use --rerank {trained}")
+
+
+def checkpoint_retrieval(args) -> CheckpointRetrieval:
+    """The checkpoint's model with -k documents, the reranker (--rerank, else its own) and L candidates."""
+    from rag_plugin.hub import RAG, checkpoint_task_options
+    from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy, faiss
+
+    saved = checkpoint_task_options(args.path)  # "checkpoint not found" before anything else loads
+    reranker = str(saved.get("reranker") or "none")
+    if args.rerank is not None and args.rerank != reranker:
+        raise _other_reranker(args, reranker)
+    n_passages = len(KnowledgeSource(args.knowledge))
+    depth = _checkpoint_depth(args, saved.get("rerank_candidates"), reranker, n_passages)
+    rag = RAG.from_pretrained(args.path, knowledge=args.knowledge, n_docs=args.k, reranker=reranker,
+                              rerank_candidates=depth, nprobe=args.nprobe, ef_search=args.ef_search,
+                              private_index=args.private_index, device=args.device)
+    return CheckpointRetrieval(rag)
