@@ -60,7 +60,7 @@ def _select_pairs(rag, encoder_out, pairs: torch.Tensor):
     ``passage_log_prior`` [rows, K], which BART's encoder does not know, restricted to them too)."""
     out = rag.generator.encoder.reorder_encoder_out(_bart_part(encoder_out), pairs)
     out.update({key: encoder_out[key] for key in _SEARCH_KEYS if key in encoder_out})
-    if encoder_out.get("passage_log_prior"):  # rag_plugin.models.fid_score_bias.PRIOR_KEY
+    if encoder_out.get("passage_log_prior"):  # rag_plugin.generation.fid_score_bias.PRIOR_KEY
         prior = encoder_out["passage_log_prior"][0]
         out["passage_log_prior"] = [prior.index_select(0, pairs.to(prior.device))]
     return out

@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 import torch
 
-from rag_plugin.models.fid_score_bias import select_prior
+from rag_plugin.generation.fid_score_bias import select_prior
 
 
 class CrossAttentionRecorder:

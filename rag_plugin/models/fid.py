@@ -18,7 +18,7 @@ forward pass also returns those shares as ``extra["doc_attention_scores"]`` [B, 
 retriever's scores keep their gradient (criterion ``reader_cross_entropy`` adds the loss).
 
 ``--fid-score-bias`` (Akimoto et al., EMNLP Findings 2023) lets the decoder see retrieval: every cross-attention
-logit over passage k's positions gets ``w * log p(z_k|x)`` added (:mod:`rag_plugin.models.fid_score_bias`), w = 1 /
+logit over passage k's positions gets ``w * log p(z_k|x)`` added (:mod:`rag_plugin.generation.fid_score_bias`), w = 1 /
 ``--fid-attention-temperature`` or learned (``score_bias_log_weight``, w = exp of it, only with the bias).
 ``--fid-random-passages P`` trains with mixed-quality contexts (:mod:`rag_plugin.models.fid_random_passages`).
 """
@@ -34,7 +34,7 @@ from rag_plugin.core import marginalization as M
 from rag_plugin.core.net_output import ATTENTION_KEY
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
 from rag_plugin.models.fid_random_passages import QueryVectors, mix_random_passages
-from rag_plugin.models.fid_score_bias import score_bias, with_prior
+from rag_plugin.generation.fid_score_bias import score_bias, with_prior
 from rag_plugin.models.rag import RagModel, _preset
 from rag_plugin.models.rag_config import RagConfig, as_config, lr_scale
 from rag_plugin.optim.lr_scale import has_scaled_keys, plain_state
