@@ -231,3 +231,23 @@ def test_the_cli_choices_are_the_reranking_stages():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT),
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_the_hub_takes_the_checkpoints_reranker_only(tiny_world, upr_checkpoint, tmp_path):
+    """RAG.from_pretrained(reranker=, rerank_candidates=): the checkpoint's reranker with another L loads; another
+    reranker, and a file that is no checkpoint, are one-line UserErrors before any model is built."""
+    from rag_plugin.hub import RAG, checkpoint_task_options
+    from rag_plugin.util.errors import UserError
+
+    rag = RAG.from_pretrained(str(upr_checkpoint), knowledge=str(tiny_world["ks"]), reranker="upr",
+                              rerank_candidates=12)
+    assert rag.model.reranker.name == "upr" and rag.model.context.rerank_candidates == 12
+    assert checkpoint_task_options(str(upr_checkpoint))["reranker"] == "upr"
+    with pytest.raises(UserError) as err:
+        RAG.from_pretrained(str(upr_checkpoint), knowledge=str(tiny_world["ks"]), reranker="maxsim")
+    assert "'maxsim' is not the one the checkpoint was trained with (upr)" in str(err.value)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError) as err:
+        checkpoint_task_options(str(junk))
+    assert str(junk) in str(err.value) and len(str(err.value).splitlines()) == 1
