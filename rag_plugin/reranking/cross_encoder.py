@@ -26,6 +26,7 @@ with the model, trained by its optimizer); the BERT learns at the query encoder'
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -147,6 +148,16 @@ class CrossEncoderReranker(Reranker):
             return logits + first.to(logits.device, logits.dtype)
 
 
+def bottom_layers(bert: BertModel, layers: int) -> BertModel:
+    """``--cross-encoder-layers N``: the BERT's embeddings and its bottom N layers (0 or more than it has: all)."""
+    total = len(bert.encoder.layer)
+    if layers <= 0 or layers >= total:
+        return bert
+    bert.encoder.layer = bert.encoder.layer[:layers]
+    bert.config = dataclasses.replace(bert.config, num_layers=layers)
+    return bert
+
+
 def cross_encoder_bert(spec: str, task) -> BertModel:
     """The BERT ``--cross-encoder`` names: a copy of the knowledge encoder's (``knowledge``) or a spec's query tower's
     BERT, which must share the knowledge encoder's vocabulary."""
@@ -173,7 +184,9 @@ def build_cross_encoder(model_cfg, task) -> CrossEncoderReranker:
         raise UserError("--reranker cross reads questions and passages with the knowledge source's encoder, and this "
                         "task has none loaded", fix="use a knowledge source built with a dense encoder, or another "
                         "--reranker")
-    reranker = CrossEncoderReranker(cross_encoder_bert(task.cfg.cross_encoder, task), task.text_encoder)
+    bert = bottom_layers(cross_encoder_bert(task.cfg.cross_encoder, task),
+                         int(getattr(task.cfg, "cross_encoder_layers", 0) or 0))
+    reranker = CrossEncoderReranker(bert, task.text_encoder)
     reranker.train()
     scale = resolved_scale(model_cfg.query_encoder_lr_scale, getattr(model_cfg, "lr", None))  # the towers' scale
     if scale != 1.0:

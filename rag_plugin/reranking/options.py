@@ -28,6 +28,9 @@ class RerankConfig(FairseqDataclass):
     cross_encoder: str = field(default="knowledge", metadata={
         "help": "--reranker cross: the BERT-family encoder it starts from: knowledge (the knowledge source's) or an "
                 "encoder spec (hf-dpr:DIR, dpr:CKPT, minilm[:DIR])"})
+    cross_encoder_layers: int = field(default=0, metadata={
+        "help": "--reranker cross: keep only the bottom N layers of its BERT (a smaller, faster cross-encoder, as "
+                "MiniLM-L2 cross-encoders are); 0 = all"})
     maxsim_cache: bool = field(default=False, metadata={
         "help": "--reranker maxsim: compute every passage's token states once into KS/.lower_states (tokens x hidden "
                 "x 4 bytes a passage, checked against free disk) instead of for each step's candidates"})
@@ -47,17 +50,22 @@ def rerank_candidates(cfg) -> int:
 
 
 def resolve_from_checkpoint(cfg, saved: Optional[dict]) -> None:
-    """``--reranker``/``--rerank-candidates`` not given: the checkpoint's task options (``saved``), else none."""
-    saved = saved or {}
+    """The reranking options a run (fairseq-generate/-validate/-interactive with ``--path``) did not give: the
+    checkpoint's task options (``saved``). ``--reranker`` not given: the checkpoint's, else none. The same reranker
+    as the checkpoint's: its L, and the cross-encoder's start and layers (they shape its weights), unless given."""
     if getattr(cfg, "reranker", "absent") == "absent":
         return  # a config saved before the options existed (the hub's task options from an old checkpoint): none
-    if getattr(cfg, "reranker", None) is None:
+    saved = saved or {}
+    if cfg.reranker is None:
         cfg.reranker = saved.get("reranker") or "none"
-        if cfg.reranker != "none":
-            cfg.rerank_candidates = cfg.rerank_candidates if cfg.rerank_candidates is not None else \
-                saved.get("rerank_candidates")
-            if saved.get("cross_encoder") and cfg.cross_encoder == "knowledge":
-                cfg.cross_encoder = saved["cross_encoder"]
+    if cfg.reranker == "none" or cfg.reranker != saved.get("reranker"):
+        return
+    if cfg.rerank_candidates is None:
+        cfg.rerank_candidates = saved.get("rerank_candidates")
+    if cfg.cross_encoder == "knowledge" and saved.get("cross_encoder"):
+        cfg.cross_encoder = saved["cross_encoder"]
+    if not cfg.cross_encoder_layers and saved.get("cross_encoder_layers"):
+        cfg.cross_encoder_layers = int(saved["cross_encoder_layers"])
 
 
 def check_options(cfg, n_passages: int) -> None:
@@ -68,6 +76,11 @@ def check_options(cfg, n_passages: int) -> None:
             raise UserError(f"--rerank-candidates {given} gives candidates to a reranker, and no --reranker is given",
                             fix=f"add --reranker {{{','.join(RERANKERS)}}}, or leave --rerank-candidates out")
         return
+    layers = int(getattr(cfg, "cross_encoder_layers", 0) or 0)
+    if layers < 0 or (layers and name != "cross"):
+        raise UserError(f"--cross-encoder-layers {layers} " + ("is negative" if layers < 0 else
+                        f"sizes the cross-encoder, and --reranker is {name}"),
+                        fix="give the cross-encoder's layers kept (0: all) with --reranker cross, or leave it out")
     k = int(cfg.n_docs or 0)
     if k == 0:
         raise UserError(f"--reranker {name} reranks retrieved passages; --n-docs 0 retrieves none",

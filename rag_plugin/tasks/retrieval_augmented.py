@@ -154,7 +154,7 @@ class RetrievalAugmentedTask(FairseqTask):
         if not cfg.knowledge:
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
-        saved = checkpoint_task_options(cfg) if cfg.n_docs is None or getattr(cfg, "reranker", None) is None else None
+        saved = checkpoint_task_options(cfg)  # None without --path
         if cfg.n_docs is None:
             cfg.n_docs = trained_n_docs(cfg, saved)
         rerank_options.resolve_from_checkpoint(cfg, saved)

@@ -188,3 +188,31 @@ def test_no_text_encoder_is_one_line_naming_the_reranker(task):
     with pytest.raises(UserError) as err:
         build_cross_encoder(_model_cfg(), _task_with(task, "knowledge", text_encoder=False))
     assert "\n" not in str(err.value) and "--reranker cross" in str(err.value)
+
+
+def test_cross_encoder_layers_keeps_the_bottom_layers_of_its_bert(task):
+    """--cross-encoder-layers 2 of a 3-layer BERT: the same embeddings and bottom two layers (its states are the full
+    BERT's after two layers), the third gone from the state dict; 0 keeps all."""
+    spec = "random:dim=32,layers=3,heads=2,intermediate=64"
+    full = build_cross_encoder(_model_cfg(), types.SimpleNamespace(
+        cfg=types.SimpleNamespace(cross_encoder=spec, cross_encoder_layers=0), knowledge=task.knowledge,
+        text_encoder=task.text_encoder))
+    small = build_cross_encoder(_model_cfg(), types.SimpleNamespace(
+        cfg=types.SimpleNamespace(cross_encoder=spec, cross_encoder_layers=2), knowledge=task.knowledge,
+        text_encoder=task.text_encoder))
+    assert len(full.bert.encoder.layer) == 3 and len(small.bert.encoder.layer) == 2
+    assert small.bert.config.num_layers == 2
+    assert not any(k.startswith("bert.encoder.layer.2.") for k in small.state_dict())
+    ids = torch.tensor([[2, 5, 6, 7, 3]])
+    mask = torch.ones_like(ids)
+    full.eval(), small.eval()
+    torch.testing.assert_close(small.bert(ids, mask), full.bert(ids, mask, stop=2), rtol=0, atol=0)
+
+
+def test_cross_encoder_layers_without_the_cross_encoder_is_one_line(tiny_world):
+    with pytest.raises(UserError) as err:
+        RetrievalAugmentedTask.setup_task(RetrievalAugmentedConfig(
+            data=str(tiny_world["data"]), knowledge=str(tiny_world["ks"]), n_docs=3, reranker="upr",
+            cross_encoder_layers=2))
+    assert "--cross-encoder-layers 2 sizes the cross-encoder, and --reranker is upr" in str(err.value)
+    assert "\n" not in str(err.value)

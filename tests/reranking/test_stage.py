@@ -138,3 +138,22 @@ def test_a_second_reranker_beside_the_trainable_document_encoder_is_refused(tiny
     task = _task(tiny_world, reranker="upr")
     with pytest.raises(UserError, match="--reranker upr would be a second reranker"):
         RagTokenModel.build_model(RagConfig(generator_size="tiny", train_doc_encoder=True), task)
+
+
+def test_a_checkpoints_reranking_options_fill_what_the_run_did_not_give():
+    from rag_plugin.reranking.options import RerankConfig, resolve_from_checkpoint
+
+    saved = {"reranker": "cross", "rerank_candidates": 30, "cross_encoder": "minilm", "cross_encoder_layers": 2}
+    cfg = RerankConfig()
+    resolve_from_checkpoint(cfg, saved)  # nothing given: the checkpoint's reranker and what shapes its weights
+    assert (cfg.reranker, cfg.rerank_candidates, cfg.cross_encoder, cfg.cross_encoder_layers) == \
+        ("cross", 30, "minilm", 2)
+    cfg = RerankConfig(reranker="cross", rerank_candidates=50)
+    resolve_from_checkpoint(cfg, saved)  # the same reranker given: its L kept, its weights' shape the checkpoint's
+    assert (cfg.rerank_candidates, cfg.cross_encoder_layers) == (50, 2)
+    cfg = RerankConfig(reranker="none")
+    resolve_from_checkpoint(cfg, saved)  # reranking switched off by the run
+    assert cfg.reranker == "none" and cfg.rerank_candidates is None
+    cfg = RerankConfig()
+    resolve_from_checkpoint(cfg, None)  # no checkpoint (training): none
+    assert cfg.reranker == "none"
