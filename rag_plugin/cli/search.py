@@ -1,7 +1,8 @@
 """rag-search: search a knowledge source; print one JSON object per hit, and optionally write KILT output.
 
     rag-search --knowledge DIR (--query TEXT | --queries FILE | --data-file DATA/test.jsonl) [-k 5] \\
-        [--bm25 | --hybrid [--fusion rrf|weighted] [--rrf-k 60] [--fusion-weight 0.5]] [--kilt-out hits.kilt.jsonl]
+        [--bm25 | --hybrid [--fusion rrf|weighted] [--rrf-k 60] [--fusion-weight 0.5]] [--kilt-out hits.kilt.jsonl] \\
+        [--rerank maxsim|upr|cross] [--rerank-candidates L] [--path CHECKPOINT] [--device cpu|cuda]
 
 Each printed line: {"query": <0-based question number>, "rank", "id", "title", "score", "text"}.
 
@@ -20,9 +21,9 @@ question number.
 with --path CHECKPOINT the checkpoint's model retrieves and reranks exactly as generation reads (its own first stage
 and reranker; see rag_plugin/cli/search_rerank.py):
 
-    rag-search --knowledge KS --data-file DATA/test.jsonl -k 5 --rerank maxsim --rerank-candidates 20 \
+    rag-search --knowledge KS --data-file DATA/test.jsonl -k 5 --rerank maxsim --rerank-candidates 20 \\
         --kilt-out maxsim.jsonl > /dev/null
-    rag-search --knowledge KS --data-file DATA/test.jsonl -k 5 --path CKPT/checkpoint_best.pt \
+    rag-search --knowledge KS --data-file DATA/test.jsonl -k 5 --path CKPT/checkpoint_best.pt \\
         --kilt-out reranked.jsonl > /dev/null
     rag-evaluate --gold DATA/test.jsonl --guess reranked.jsonl --metrics recall@1,recall@5
 """

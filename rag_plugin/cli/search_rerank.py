@@ -76,11 +76,16 @@ def check_arguments(args) -> None:
                         "and fusion settings)", fix=f"leave {given[0]} out with --path")
 
 
+def check_k(args, n_passages: int) -> None:
+    if not 1 <= args.k <= n_passages:
+        raise UserError(f"-k {args.k} is outside 1..{n_passages} (the knowledge source's passages)",
+                        fix=f"use -k 1 to {n_passages}")
+
+
 def candidates(args, n_passages: int, default: Optional[int] = None, whose: str = "") -> int:
     """L: --rerank-candidates, else ``default`` (``whose``: where it came from, for the messages), else
     max(20, -k) up to the collection; checked against -k and the collection."""
-    if args.k < 1:
-        raise UserError(f"-k must be at least 1, got {args.k}", fix="ask for 1 or more passages")
+    check_k(args, n_passages)
     if args.rerank_candidates is not None:
         wanted, whose = args.rerank_candidates, ""
     elif default is not None:
@@ -197,9 +202,7 @@ def _checkpoint_depth(args, saved: Optional[int], reranker: str, n_passages: int
                         "checkpoint was trained without one", path=args.path,
                         fix="leave --rerank-candidates out (the checkpoint retrieves without reranking), or leave "
                             "--path out and use --rerank maxsim")
-    if not 1 <= args.k <= n_passages:
-        raise UserError(f"-k {args.k} is outside 1..{n_passages} (the knowledge source's passages)",
-                        fix=f"use -k 1 to {n_passages}")
+    check_k(args, n_passages)
     return None
 
 
