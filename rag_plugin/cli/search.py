@@ -161,10 +161,10 @@ class _Plain:
     """The first stage alone: ``search(questions)`` -> its top -k."""
 
     def __init__(self, retriever, k: int):
-        self.retriever, self.k = retriever, k
+        self.first_stage, self.k = retriever, k
 
     def search(self, questions):
-        return self.retriever.search(questions, self.k)
+        return self.first_stage.search(questions, self.k)
 
 
 def _progress(total: int):

@@ -50,8 +50,11 @@ def test_the_default_systems():
     stages = recipe.load_stages()
     default = selection.default_systems(stages)
     assert set(default) <= set(selection.known_systems(stages)) and len(set(default)) == len(default)
-    assert set(ISSUE35 + ["rag_token", "rag_token_hybrid", "fid", "rag_seq", "closed_book", "jeopardy"]) <= set(default)
-    assert "rag_token_end2end" not in default
+    cheap = [name for name in ISSUE35 if name not in ("rag_token_rerank_upr", "rag_token_rerank_cross")]
+    assert set(cheap + ["rag_token", "rag_token_hybrid", "fid", "rag_seq", "closed_book", "jeopardy"]) <= set(default)
+    # left to --systems all: the end-to-end document encoder (~20 min) and the two rerankers 2 cores cannot afford
+    # within ~100 min (BENCHMARKS.md, reranking cost)
+    assert not {"rag_token_end2end", "rag_token_rerank_upr", "rag_token_rerank_cross"} & set(default)
     chosen = selection.Selection.of(None, stages)
     assert chosen.hot_swap(stages) and chosen.jeopardy()
     assert chosen.sweep_systems(stages) == ["rag_token", "fid", "fid_scorebias"]
