@@ -109,9 +109,9 @@ class RAG:
         with ``knowledge`` (a hot swap) the checkpoint's own, made for its index, are dropped. ``private_index``: read
         a private copy of the FAISS index instead of mapping it shared. ``device``: where the model runs (cpu, cuda:
         this process's GPU, cuda:N; None: a GPU when there is one, else the CPU); a GPU without CUDA is a one-line
-        error, before anything is loaded. ``reranker``: the reranking stage's ``--reranker``, which must be the one the
-        checkpoint was trained with (its weights, its fixed query encoder; a one-line error otherwise; None: the
-        checkpoint's); ``rerank_candidates``: its ``--rerank-candidates`` L (default: the checkpoint's)."""
+        error, before anything is loaded. ``reranker``: the reranking stage's ``--reranker`` (None: the checkpoint's;
+        over a checkpoint trained with one, that one or ``"none"``: a one-line error otherwise; over one trained
+        without, any: zero-shot); ``rerank_candidates``: its ``--rerank-candidates`` L (default: the checkpoint's)."""
         where = resolve_device(device, "device")
         import_fairseq_quietly()
         import rag_plugin  # the package root: registers the plugin
@@ -122,7 +122,7 @@ class RAG:
 
         if reranker is not None:  # its weights (maxsim, cross) are in the checkpoint, its query encoder fixed
             trained = str(checkpoint_task_options(checkpoint).get("reranker") or "none")
-            if reranker != trained:
+            if trained != "none" and reranker not in ("none", trained):
                 raise UserError(f"reranker {reranker!r} is not the one the checkpoint was trained with ({trained})",
                                 path=checkpoint, fix="leave reranker out (the checkpoint's), or load a checkpoint "
                                                      f"trained with --reranker {reranker}")

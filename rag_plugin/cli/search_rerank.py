@@ -11,8 +11,9 @@ Two ways to rerank (each hit's score is the reranker's logit of p(z|x)):
 * with --path CHECKPOINT: the checkpoint's model, loaded through :class:`rag_plugin.hub.RAG`, retrieves exactly as
   generation reads: the questions go through the task's ``build_dataset`` and the model's ``retrieve`` (its own
   first stage, its own reranker, ``-k`` documents of ``--rerank-candidates`` L). ``--rerank`` may be left out; given,
-  it must be the reranker the checkpoint was trained with (``--reranker``: its weights, and the query encoder it kept
-  fixed). A checkpoint trained without a reranker gives its own retrieval, unreranked.
+  it must be the reranker the checkpoint was trained with (``--reranker``: its weights). A checkpoint trained without
+  a reranker gives its own retrieval, unreranked, or with ``--rerank X`` reranked zero-shot (the reranker's own
+  start: the knowledge source's encoder, the generator's own likelihood, a zero cross-encoder head).
 
 Each searcher maps a batch of questions to a :class:`~rag_plugin.retrieval.retriever.Retrieval` (rows and scores
 [B, K], best first; a row of -1 where fewer than K passages could be found). torch, fairseq and the scorers are
@@ -207,14 +208,7 @@ def _checkpoint_depth(args, saved: Optional[int], reranker: str, n_passages: int
 
 
 def _other_reranker(args, trained: str) -> UserError:
-    """--rerank names another reranker than the checkpoint's (its weights and its fixed query encoder are that
-    reranker's)."""
-    if trained == "none":
-        return UserError(f"--rerank {args.rerank} reranks with a model trained with --reranker {args.rerank}, and the "
-                         "checkpoint was trained without a reranker", path=args.path,
-                         fix="leave --rerank out (the checkpoint's own retrieval, unreranked), or use a checkpoint "
-                             f"trained with --reranker {args.rerank}" + ("; without --path, --rerank maxsim reranks "
-                                                                        "zero-shot" if args.rerank == "maxsim" else ""))
+    """--rerank names another reranker than the one the checkpoint was trained with (its weights are that one's)."""
     return UserError(f"--rerank {args.rerank} is not the checkpoint's reranker (it was trained with --reranker "
                      f"{trained})", path=args.path, fix=f"leave --rerank out, or use --rerank {trained}")
 
@@ -227,7 +221,9 @@ def checkpoint_retrieval(args) -> CheckpointRetrieval:
     saved = checkpoint_task_options(args.path)  # "checkpoint not found" before anything else loads
     reranker = str(saved.get("reranker") or "none")
     if args.rerank is not None and args.rerank != reranker:
-        raise _other_reranker(args, reranker)
+        if reranker != "none":
+            raise _other_reranker(args, reranker)
+        reranker = args.rerank  # a checkpoint trained without one: zero-shot (the reranker's own start)
     n_passages = len(KnowledgeSource(args.knowledge))
     depth = _checkpoint_depth(args, saved.get("rerank_candidates"), reranker, n_passages)
     rag = RAG.from_pretrained(args.path, knowledge=args.knowledge, n_docs=args.k, reranker=reranker,

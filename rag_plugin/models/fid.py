@@ -33,8 +33,8 @@ from omegaconf import II
 from rag_plugin.core import marginalization as M
 from rag_plugin.core.net_output import ATTENTION_KEY
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder, passage_shares
-from rag_plugin.models.fid_random_passages import QueryVectors, mix_random_passages
 from rag_plugin.generation.fid_score_bias import score_bias, with_prior
+from rag_plugin.models.fid_random_passages import QueryVectors, mix_random_passages
 from rag_plugin.models.rag import RagModel, _preset
 from rag_plugin.models.rag_config import RagConfig, as_config, lr_scale
 from rag_plugin.optim.lr_scale import has_scaled_keys, plain_state

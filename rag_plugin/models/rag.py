@@ -30,6 +30,7 @@ from rag_plugin.models.rag_config import RagConfig, as_config, generator_init, l
 from rag_plugin.optim.lr_scale import (
     has_scaled_keys,
     plain_module_state,
+    plain_where,
     scale_learning_rate,
     scaled_state,
 )
@@ -324,11 +325,26 @@ class RagModel(BaseFairseqModel):
 
     def _into_scaled_parameters(self, state_dict):
         """A checkpoint saved without the towers' learning-rate reparametrisation (a converted model, one trained at
-        scale 1) loaded into a model that has it (``--finetune-from-model`` at another --lr)."""
+        scale 1) loaded into a model that has it (``--finetune-from-model`` at another --lr), or the reverse (a
+        trained query encoder, fixed under a ``--reranker`` added at generation); a checkpoint without the
+        reranker's weights (one added at generation) keeps the model's own (zero-shot: the knowledge source's)."""
         ours = self.state_dict()
+        state_dict = self._with_own_reranker(state_dict)
+        state_dict = plain_where(state_dict, ours, lr_scale(self.cfg))
         if not has_scaled_keys(ours):
             return state_dict
         return scaled_state(state_dict, ours, lr_scale(self.cfg))
+
+    def _with_own_reranker(self, state_dict):
+        if self.reranker is None:  # --reranker none over a checkpoint trained with one: its weights unused
+            return {k: v for k, v in state_dict.items() if not k.startswith("reranker.")}
+        if any(k.startswith("reranker.") for k in state_dict):
+            return state_dict
+        own = {f"reranker.{k}": v for k, v in self.reranker.state_dict().items()}
+        if own:
+            logger.info("the checkpoint has no weights of --reranker %s: it reranks with its own start (zero-shot)",
+                        self.reranker.name)
+        return {**state_dict, **own}
 
 
 def check_model_family(saved: Optional[str], loading: str) -> None:

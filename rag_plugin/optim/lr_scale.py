@@ -133,6 +133,20 @@ def scaled_state(state: Dict[str, torch.Tensor], target_keys: Iterable[str], sca
     return out
 
 
+def plain_where(state: Dict[str, torch.Tensor], target_keys: Iterable[str], scale: float) -> Dict[str, torch.Tensor]:
+    """``state`` for a model whose state-dict keys are ``target_keys``: each scaled ``X.parametrizations.W.original``
+    the target holds as a plain ``X.W`` becomes that key, = original x scale (a tower trained, now fixed: a
+    ``--reranker`` added at generation fixes the first stage's query encoder). Other keys as they are."""
+    targets = set(target_keys)
+    moved = {key: plain_key(key) for key in state
+             if is_scaled_key(key) and key not in targets and plain_key(key) in targets}
+    if not moved:
+        return state
+    out = {k: v for k, v in state.items() if k not in moved}
+    out.update({plain: state[key] * scale for key, plain in moved.items()})
+    return out
+
+
 def checkpoint_scale(cfg: Optional[dict]) -> float:
     """The scale a checkpoint's model was built with, from its saved config (``model.lr`` is saved as the
     unresolved ``${optimization.lr}``: resolved here from ``optimization.lr``)."""

@@ -52,12 +52,19 @@ def rerank_candidates(cfg) -> int:
 def resolve_from_checkpoint(cfg, saved: Optional[dict]) -> None:
     """The reranking options a run (fairseq-generate/-validate/-interactive with ``--path``) did not give: the
     checkpoint's task options (``saved``). ``--reranker`` not given: the checkpoint's, else none. The same reranker
-    as the checkpoint's: its L, and the cross-encoder's start and layers (they shape its weights), unless given."""
+    as the checkpoint's: its L, and the cross-encoder's start and layers (they shape its weights), unless given.
+    Another reranker than the checkpoint's trained one is refused; any, over a checkpoint trained without one
+    (zero-shot: the reranker's own start), and none (its weights unused) are not."""
     if getattr(cfg, "reranker", "absent") == "absent":
         return  # a config saved before the options existed (the hub's task options from an old checkpoint): none
     saved = saved or {}
+    trained = saved.get("reranker") or "none"
     if cfg.reranker is None:
-        cfg.reranker = saved.get("reranker") or "none"
+        cfg.reranker = trained
+    if trained != "none" and cfg.reranker not in ("none", trained):
+        raise UserError(f"--reranker {cfg.reranker}: the checkpoint was trained with --reranker {trained} (its weights "
+                        "are that reranker's)", fix=f"use --reranker {trained}, --reranker none (no reranking), or a "
+                                                    f"checkpoint trained with --reranker {cfg.reranker}")
     if cfg.reranker == "none" or cfg.reranker != saved.get("reranker"):
         return
     if cfg.rerank_candidates is None:

@@ -253,3 +253,26 @@ def test_the_hub_takes_the_checkpoints_reranker_only(tiny_world, upr_checkpoint,
     with pytest.raises(UserError) as err:
         checkpoint_task_options(str(junk))
     assert str(junk) in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_path_of_a_checkpoint_trained_without_a_reranker_reranks_zero_shot(tiny_world, tmp_path_factory):
+    """--path of a plain RAG-Token checkpoint with --rerank upr: its own first stage, reranked by its generator's
+    log p(question | passage): the hits are the hub's retrieve with reranker="upr" (zero-shot), whose query encoder,
+    trained and now fixed, loads from the checkpoint's scaled weights."""
+    from rag_plugin.hub import RAG
+    from tests.conftest import _train_tiny
+
+    plain = _train_tiny(tiny_world, tmp_path_factory.mktemp("plain"), "rag_token_tiny")
+    proc = run("rag-search", "--knowledge", tiny_world["ks"], "--data-file", tiny_world["data"] / "test.jsonl",
+               "-k", K, "--path", plain, "--rerank", "upr", "--rerank-candidates", 10)
+    assert proc.returncode == 0, proc.stderr
+    printed = [[h[0] for h in hits] for _, hits in sorted(by_question(proc).items())]
+    rag = RAG.from_pretrained(str(plain), knowledge=str(tiny_world["ks"]), n_docs=K, reranker="upr",
+                              rerank_candidates=10)
+    assert rag.model.reranker.name == "upr" and rag.model.cfg.freeze_query_encoder
+    dataset = rag.task.build_dataset(questions(tiny_world))
+    ni = dataset.collater([dataset[i] for i in range(len(dataset))])["net_input"]
+    with torch.no_grad():
+        _, rows = rag.model.retrieve(ni["query_tokens"], ni["query_mask"], K, src_tokens=ni["src_tokens"])
+    store = rag.task.knowledge.passages
+    assert printed == [[store.id(int(r)) for r in row] for row in rows]

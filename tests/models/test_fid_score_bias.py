@@ -16,9 +16,9 @@ rag_plugin.register()
 
 from rag_plugin.core.scores import inner_products  # noqa: E402
 from rag_plugin.generation.fid_attention import CrossAttentionRecorder  # noqa: E402
+from rag_plugin.generation.fid_score_bias import PRIOR_KEY, ScoreBias, with_prior  # noqa: E402
 from rag_plugin.models import fid_random_passages as R  # noqa: E402
 from rag_plugin.models.fid import FidConfig, FidModel  # noqa: E402
-from rag_plugin.generation.fid_score_bias import PRIOR_KEY, ScoreBias, with_prior  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
 

@@ -157,3 +157,15 @@ def test_a_checkpoints_reranking_options_fill_what_the_run_did_not_give():
     cfg = RerankConfig()
     resolve_from_checkpoint(cfg, None)  # no checkpoint (training): none
     assert cfg.reranker == "none"
+
+
+def test_another_reranker_than_the_checkpoints_trained_one_is_one_line():
+    from rag_plugin.reranking.options import RerankConfig, resolve_from_checkpoint
+
+    with pytest.raises(UserError) as err:
+        resolve_from_checkpoint(RerankConfig(reranker="upr"), {"reranker": "cross"})
+    assert "--reranker upr: the checkpoint was trained with --reranker cross" in str(err.value)
+    assert "\n" not in str(err.value)
+    cfg = RerankConfig(reranker="maxsim")
+    resolve_from_checkpoint(cfg, {"reranker": "none"})  # trained without one: any reranks zero-shot
+    assert cfg.reranker == "maxsim"
