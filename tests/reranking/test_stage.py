@@ -169,3 +169,35 @@ def test_another_reranker_than_the_checkpoints_trained_one_is_one_line():
     cfg = RerankConfig(reranker="maxsim")
     resolve_from_checkpoint(cfg, {"reranker": "none"})  # trained without one: any reranks zero-shot
     assert cfg.reranker == "maxsim"
+
+
+@pytest.mark.parametrize("name", ["cross", "maxsim"])
+def test_a_real_rerankers_weights_learn_through_the_marginal_as_finite_differences_say(tiny_world, name):
+    """RAG-Token with --reranker cross / maxsim built by the task (L=8 -> K=3), float64: the gradient of the marginal
+    NLL reaches the reranker's own weights and equals central differences."""
+    task = _task(tiny_world, reranker=name, rerank_candidates=8)
+    torch.manual_seed(1)
+    model = RagTokenModel.build_model(RagConfig(generator_size="tiny", dropout=0.0, query_encoder_lr_scale=1.0), task)
+    model = _no_dropout(model).double().train()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.reranker.parameters():  # away from the start (the cross-encoder's head is zero there)
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
+    sample = _batch(task)
+    model.zero_grad(set_to_none=True)
+    _marginal_nll(model, sample).backward()
+    named = dict(model.reranker.named_parameters())
+    picks = [("head.weight", (0, 1)), ("head.bias", (0,))] if name == "cross" else \
+        [("encoder.layer.0.output.dense.weight", (1, 2)), ("embeddings.LayerNorm.weight", (3,))]
+    eps = 1e-5
+    for pname, index in picks:
+        param = named[pname] if pname in named else named[f"query_encoder.{pname}"]
+        grad = float(param.grad[index])
+        with torch.no_grad():
+            param[index] += eps
+            up = float(_marginal_nll(model, sample))
+            param[index] -= 2 * eps
+            down = float(_marginal_nll(model, sample))
+            param[index] += eps
+        assert grad != 0.0
+        assert grad == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-9)
