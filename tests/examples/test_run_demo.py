@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from rag_plugin.pipeline.commands import console_script
 from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
 from rag_plugin.util.errors import UserError
-from tests.examples.fake_demo import FakeDemo
+from tests.examples.fake_demo import TRAINED, FakeDemo
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo"
@@ -315,8 +315,8 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     saved = demo.saved()
     (run,) = saved["runs"]
     assert saved["systems"]["rag_token"] == {"test_em": 40.0, "test_f1": 60.0, "recall_at_5": 50.0,
-                                             "answer_in_top5": 50.0, "run": run}
-    assert saved["systems"]["closed_book"] == {"test_em": 40.0, "test_f1": 60.0, "run": run}
+                                             "answer_in_top5": 50.0, "run": run, "training": TRAINED}
+    assert saved["systems"]["closed_book"] == {"test_em": 40.0, "test_f1": 60.0, "run": run, "training": TRAINED}
     assert saved["runs"][run]["systems"] == list(recipe.load_stages().train.systems) + ["jeopardy"]
     assert saved["runs"][run]["command"] == "python examples/demo/run_demo.py --systems all --sweep 1,3"
     hot = saved["hot_swap"]
@@ -325,7 +325,8 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     assert set(saved["k_sweep"]) == {"rag_token", "fid", "fid_scorebias"}
     assert all([r["k"] for r in sweep] == [1, 3] for sweep in saved["k_sweep"].values())
     for name in ("fid", "fid_adist", "rag_token_pdist", "rag_token_hybrid", "rag_token_rerank_cross", "fid_scorebias"):
-        assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5", "run"}, name
+        assert set(saved["systems"][name]) == {"test_em", "test_f1", "recall_at_5", "answer_in_top5", "run",
+                                               "training"}, name
     assert "## Index hot-swap (2 facts" in demo.markdown()
     row = saved["systems"]["rag_token_end2end"]
     assert row["reindexes"] == [{"started_at_update": 100, "version": 2, "seconds": 61.5}]

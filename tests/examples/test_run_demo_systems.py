@@ -12,7 +12,7 @@ from demo_run.results import command_line, results_markdown
 from demo_run.runner import ROOT
 
 from rag_plugin.util.errors import UserError
-from tests.examples.fake_demo import FakeDemo
+from tests.examples.fake_demo import TRAINED, FakeDemo
 
 LEGACY_DATE = "2026-12-02 15:34 UTC"
 ISSUE35 = ["rag_token_rerank_maxsim", "rag_token_rerank_upr", "rag_token_rerank_cross", "rag_token_hybrid_rerank",
@@ -125,13 +125,14 @@ def test_a_run_of_some_systems_keeps_the_others_rows(tmp_path, monkeypatch):
         "closed_book": LEGACY_DATE, "rag_token": LEGACY_DATE, "rag_seq": LEGACY_DATE, "rag_seq_thorough": LEGACY_DATE,
         "fid": LEGACY_DATE, "rag_token_rerank_maxsim": new, "fid_scorebias": new}  # gone_system: not in stages.yaml
     assert saved["systems"]["rag_token"]["test_em"] == 46.7 and saved["systems"]["fid_scorebias"]["test_em"] == 40.0
+    assert saved["systems"]["fid_scorebias"]["training"] == TRAINED and "training" not in saved["systems"]["fid"]
     assert {name: {p["run"] for p in points} for name, points in saved["k_sweep"].items()} == {
         "rag_token": {LEGACY_DATE}, "fid": {LEGACY_DATE}, "fid_scorebias": {new}}
     assert saved["hot_swap"]["run"] == saved["jeopardy"]["run"] == LEGACY_DATE
     assert saved["jeopardy"]["bleu1"] == 30.5
     md = demo.markdown()
-    assert "| rag_token | 46.7 | 53.2 | 86.1 | 89.0 | A |" in md
-    assert "| fid_scorebias | 40.0 | 60.0 | 50.0 | 50.0 | B |" in md
+    assert "| rag_token | 46.7 | 53.2 | 86.1 | 89.0 | A | – |" in md  # its training: not recorded then
+    assert "| fid_scorebias | 40.0 | 60.0 | 50.0 | 50.0 | B | 1.5 min, 2026-12-05 17:06 |" in md
     assert f"| A | {LEGACY_DATE} | `make demo  (python examples/demo/run_demo.py)` |" in md
     assert "| fid_scorebias EM / recall | 50.0 / 50.0 | 50.0 / 50.0 | B |" in md
     assert "| rag_token EM / recall | 51.6 / 64.8 | 47.7 / 82.9 | A |" in md

@@ -112,12 +112,17 @@ def _runs_section(results: Dict, labels: Dict[str, str]) -> List[str]:
 
 def systems_table(results: Dict, labels: Dict[str, str]) -> List[str]:
     lines = ["## nq_demo test set (held-out entities), exact match and token F1 (%)", "",
-             "| system | EM | F1 | recall@5 | answer in top 5 | run |", "|---|---|---|---|---|---|"]
+             "Run: the run that tested the row; training: the minutes its fairseq-train log states and when it ended "
+             "(by the log's clock; a run may test a checkpoint an earlier invocation trained).", "",
+             "| system | EM | F1 | recall@5 | answer in top 5 | run | training |", "|---|---|---|---|---|---|---|"]
     for name, row in results["systems"].items():
         if name == "rag_seq":
             continue
         cells = [row.get("test_em"), row.get("test_f1"), row.get("recall_at_5"), row.get("answer_in_top5")]
-        lines.append(f"| {name} | " + " | ".join(_cell(v) for v in cells) + f" | {labels.get(row.get('run'), '–')} |")
+        trained = row.get("training")
+        training = f"{trained['seconds'] / 60:.1f} min, {trained['ended']}" if trained else "–"
+        lines.append(f"| {name} | " + " | ".join(_cell(v) for v in cells)
+                     + f" | {labels.get(row.get('run'), '–')} | {training} |")
     return lines
 
 

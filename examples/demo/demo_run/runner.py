@@ -4,6 +4,7 @@ inside a named, timed step; a failed command stops the demo with the log's path,
 demo continues from that step."""
 from __future__ import annotations
 
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Callable, Dict, Iterator, Optional
 
 from rag_plugin.pipeline import commands
 
+_DONE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d):\d\d \| INFO \| fairseq_cli\.train \| done training in ([0-9.]+) "
+                   r"seconds", re.M)
 ROOT = Path(__file__).resolve().parents[3]  # the repository (examples/demo/demo_run/runner.py)
 DATA = ROOT / "data" / "demo"
 KS = DATA / "ks"
@@ -54,3 +57,13 @@ def training_done(log_file: Path, updates: int) -> bool:
 
 def complete(path: Path) -> bool:
     return path.is_file() and path.stat().st_size > 0
+
+
+def training_time(log_file: Path) -> Optional[Dict]:
+    """When the fairseq-train run of ``log_file`` ended (its log's clock) and its seconds (fairseq's ``done training
+    in``), whichever invocation of the demo ran it; None if the log does not say."""
+    found = _DONE.findall(read_text(log_file))
+    if not found:
+        return None
+    ended, seconds = found[-1]
+    return {"ended": ended, "seconds": float(seconds)}

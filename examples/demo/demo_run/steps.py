@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from demo_run import recipe
 from demo_run.end2end import linked_copy, reembed_final, reindex_report
-from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, read_text, training_done
+from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, read_text, training_done, training_time
 from rag_plugin.pipeline.commands import console_script, python_script
 from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
 
@@ -159,6 +159,9 @@ class Demo:
                 self.results["systems"][name] = {"test_em": row.get("em"), "test_f1": row.get("f1")}
             for name, path in outs.items():
                 system = self.stages.generate.test[name].system
+                trained = training_time(self.work / f"train_{system}.log")
+                if trained:  # which invocation trained it: a later one may test a checkpoint an earlier one left
+                    self.results["systems"][name]["training"] = trained
                 if self.stages.generate.test[name].get("n_docs") != 0:
                     scores = self.evaluate(gold, path, ["recall@5", "answer_in_top5"], f"test_{name}",
                                            passages=self.knowledge_of.get(system, KS))
