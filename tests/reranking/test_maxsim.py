@@ -87,7 +87,8 @@ def test_maxsim_equals_a_hand_computation_over_token_vectors(tiny_world):
 def _copied_knowledge(world, tmp_path):
     """The tiny world's 2-layer knowledge source, copied (the caches built here stay out of the shared one)."""
     ks = tmp_path / "ks"
-    shutil.copytree(layered_knowledge(world, 2), ks)
+    # without the lower-layer caches other tests built in the shared one (--doc-encoder-train-layers)
+    shutil.copytree(layered_knowledge(world, 2), ks, ignore=shutil.ignore_patterns(lower_cache.DIR_NAME))
     return {**world, "ks": ks}
 
 

@@ -82,7 +82,13 @@ def cache_dir(root: os.PathLike, key: str) -> Path:
 
 def find(root: os.PathLike, state: dict, store_sha256: str) -> Optional[LowerStates]:
     """A complete cache under ``root`` of exactly ``state``'s frozen layers (however many a cache there froze)
-    over the passages of hash ``store_sha256``, or None. A cache that cannot be read is passed over."""
+    over the passages of hash ``store_sha256``, or None; of several, the one of the most layers (the fewest left to
+    run). A cache that cannot be read is passed over."""
+    found = list(_matching(root, state, store_sha256))
+    return max(found, key=lambda c: c.layers) if found else None
+
+
+def _matching(root: os.PathLike, state: dict, store_sha256: str):
     for meta in sorted(Path(root).glob("*/" + META)):
         try:
             layers = int(json.loads(meta.read_text())["layers"])
@@ -96,8 +102,7 @@ def find(root: os.PathLike, state: dict, store_sha256: str) -> Optional[LowerSta
         except (OSError, ValueError, KeyError):
             continue
         if found.meta.get("key") == key:
-            return found
-    return None
+            yield found
 
 
 class LowerStates(SharedOnCopy):
