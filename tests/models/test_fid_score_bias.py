@@ -21,6 +21,7 @@ from rag_plugin.models import fid_random_passages as R  # noqa: E402
 from rag_plugin.models.fid import FidConfig, FidModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 from rag_plugin.util.errors import UserError  # noqa: E402
+from tests.generation.test_fid_generate import _forced, _select  # noqa: E402  (teacher forcing of given answers)
 
 K = 3
 
@@ -81,23 +82,6 @@ def _set_weight(model, w: float):
 
 def _generate(task, model, sample, **kw):
     return task.build_generator([model], GenerationConfig(max_len_a=0, max_len_b=8, **kw)).generate([model], sample)
-
-
-def _select(sample, rows, drop=("prev_output_tokens",)):
-    return {key: value.index_select(0, rows) if torch.is_tensor(value) else value
-            for key, value in sample["net_input"].items() if key not in drop}
-
-
-def _forced(model, sample, owner, tokens):
-    """Per-token log-probabilities of the given answers by the model's own (training) forward."""
-    width = max(len(t) for t in tokens)
-    target = torch.full((len(tokens), width), model.pad, dtype=torch.long)
-    prev = torch.full_like(target, model.pad)
-    for i, t in enumerate(tokens):
-        target[i, : len(t)], prev[i, 0], prev[i, 1: len(t)] = t, model.eos, t[:-1]
-    with torch.no_grad():
-        lp = model.get_normalized_probs(model(prev_output_tokens=prev, **_select(sample, owner)), log_probs=True)
-    return lp.gather(-1, target.unsqueeze(-1)).squeeze(-1), prev, target
 
 
 # ----------------------------------------------------------------------------------------------- w = 0: plain FiD
