@@ -26,7 +26,7 @@ from rag_plugin.models import doc_encoder
 from rag_plugin.util.devices import model_device, resolve_device
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.quiet_import import import_fairseq_quietly
-from rag_plugin.util.safe_load import checkpoint_load_error, checkpoint_types_allowed
+from rag_plugin.util.safe_load import checkpoint_load_error, checkpoint_task_options, checkpoint_types_allowed
 
 
 def load_fairseq_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
@@ -57,27 +57,6 @@ def task_overrides(knowledge=None, n_docs=None, rag_decoding=None, retriever=Non
              "retriever": retriever, "reranker": reranker, "rerank_candidates": rerank_candidates}
     task.update({k: v for k, v in given.items() if v is not None})
     return {"task": task}
-
-
-def checkpoint_task_options(path: str) -> dict:
-    """The task options a checkpoint was trained with (``--reranker``, ``--retriever``, ``--n-docs``...), read from
-    its config alone: the tensors stay on disk (mapped), under the plugin's allow-list. A missing, damaged or unsafe
-    file is a one-line :class:`UserError`."""
-    if not Path(path).is_file():
-        raise UserError("checkpoint not found", path=path, fix="pass the path of a checkpoint*.pt")
-    try:
-        with checkpoint_types_allowed():
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as err:  # a file of torch's legacy format cannot be mapped: read it whole
-                if "zipfile" not in str(err):
-                    raise
-                state = torch.load(path, map_location="cpu", weights_only=True)
-        return dict((state.get("cfg") or {})["task"])
-    except UserError:
-        raise
-    except Exception as err:  # torch: UnpicklingError / RuntimeError / EOFError; no config: KeyError, TypeError
-        raise checkpoint_load_error(path, err) from None
 
 
 def recorded_knowledge(state: dict, checkpoint: str) -> str:

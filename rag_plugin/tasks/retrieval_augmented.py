@@ -44,7 +44,7 @@ from rag_plugin.retrieval.retriever import BM25Retriever, DenseRetriever
 from rag_plugin.tasks import hybrid_options, pairing, reindex_options
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.interpolation import interpolated
-from rag_plugin.util.safe_load import checkpoint_types_allowed
+from rag_plugin.util.safe_load import checkpoint_task_options
 
 logger = logging.getLogger(__name__)
 
@@ -91,17 +91,15 @@ class RetrievalAugmentedConfig(hybrid_options.HybridConfig,  # --fusion, ...
 DEFAULT_N_DOCS = 5
 
 
-def checkpoint_task_options(cfg) -> Optional[dict]:
+def trained_task_options(cfg) -> Optional[dict]:
     """The task options the checkpoint of ``--path`` (fairseq-generate/-interactive/-validate) was trained with, or
     None (no --path, or unreadable: fairseq's loader reports that in one line when it loads the model)."""
     path = interpolated(cfg, "checkpoint_path")
     if not path:
         return None
     try:
-        with checkpoint_types_allowed():  # the tensors stay on disk (mmap): only the config is read
-            state = torch.load(str(path).split(":")[0], map_location="cpu", weights_only=True, mmap=True)
-        return dict(state["cfg"]["task"])
-    except Exception:
+        return checkpoint_task_options(str(path).split(":")[0])
+    except UserError:
         return None
 
 
@@ -154,7 +152,7 @@ class RetrievalAugmentedTask(FairseqTask):
         if not cfg.knowledge:
             raise UserError("no knowledge source given", fix="pass --knowledge KS_DIR (it also holds the generator's "
                                                             "tokenizer, even for --n-docs 0)")
-        saved = checkpoint_task_options(cfg)  # None without --path
+        saved = trained_task_options(cfg)  # None without --path
         if cfg.n_docs is None:
             cfg.n_docs = trained_n_docs(cfg, saved)
         rerank_options.resolve_from_checkpoint(cfg, saved)

@@ -96,3 +96,24 @@ def checkpoint_load_error(path, err: BaseException, what: str = "checkpoint",
                          "nothing in it was run", path=str(path), fix=UNTRUSTED_FIX)
     return UserError(f"cannot read {what}: unreadable or truncated ({reason})", path=str(path),
                      fix=fix_unreadable)
+
+
+def checkpoint_task_options(path: str) -> dict:
+    """The task options a checkpoint was trained with (``--reranker``, ``--retriever``, ``--n-docs``...), read from
+    its config alone: the tensors stay on disk (mapped), under the plugin's allow-list. A missing, damaged or unsafe
+    file is a one-line :class:`UserError`."""
+    if not Path(path).is_file():
+        raise UserError("checkpoint not found", path=path, fix="pass the path of a checkpoint*.pt")
+    try:
+        with checkpoint_types_allowed():
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:  # a file of torch's legacy format cannot be mapped: read it whole
+                if "zipfile" not in str(err):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        return dict((state.get("cfg") or {})["task"])
+    except UserError:
+        raise
+    except Exception as err:  # torch: UnpicklingError / RuntimeError / EOFError; no config: KeyError, TypeError
+        raise checkpoint_load_error(path, err) from None
