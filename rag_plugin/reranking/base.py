@@ -7,6 +7,7 @@ or a short BM25 list could not fill them) are never asked about: the stage hands
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
@@ -37,10 +38,8 @@ class RerankBatch:
 
     def select(self, index: torch.Tensor) -> "RerankBatch":
         """The same questions with the candidates ``index`` Long[B, K] picks (positions along L)."""
-        return RerankBatch(rows=self.rows.gather(1, index.to(self.rows.device)),
-                           first_stage=self.first_stage.gather(1, index.to(self.first_stage.device)),
-                           src_tokens=self.src_tokens, query_tokens=self.query_tokens, query_mask=self.query_mask,
-                           query_vectors=self.query_vectors)
+        return dataclasses.replace(self, rows=self.rows.gather(1, index.to(self.rows.device)),
+                                   first_stage=self.first_stage.gather(1, index.to(self.first_stage.device)))
 
 
 class Reranker(nn.Module):

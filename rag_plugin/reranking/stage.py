@@ -18,6 +18,7 @@ row, so they are kept only where fewer than K real rows exist (their logit :data
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Tuple
 
 import torch
@@ -37,9 +38,7 @@ def rerank(reranker: Reranker, model, batch: RerankBatch, k: int, grad: bool,
     always was)."""
     missing = batch.rows.lt(0)
     if bool(missing.any()):
-        batch = RerankBatch(rows=batch.rows.clamp(min=0), first_stage=batch.first_stage, src_tokens=batch.src_tokens,
-                            query_tokens=batch.query_tokens, query_mask=batch.query_mask,
-                            query_vectors=batch.query_vectors)
+        batch = dataclasses.replace(batch, rows=batch.rows.clamp(min=0))
     width = batch.rows.size(1)
     if width < k:
         raise ValueError(f"{width} candidates for {k} documents")
