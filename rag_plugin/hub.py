@@ -137,6 +137,21 @@ class RAG:
         doc_encoder.check_document_agreement(self.model, just_loaded=False)
         return version
 
+    def search(self, questions: Sequence[str]):
+        """The passages the model reads for ``questions`` (its own first stage and reranker, exactly as generation
+        retrieves them): a :class:`~rag_plugin.retrieval.retriever.Retrieval` of K rows each, best first (-1 where
+        fewer were found); its scores are the logits of p(z|x)."""
+        from rag_plugin.reranking.late_interaction import found
+
+        dataset = self.task.build_dataset(list(questions))
+        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+        device, model = self.device, self.model
+        ni = {key: (v.to(device) if torch.is_tensor(v) else v) for key, v in sample["net_input"].items()}
+        with torch.no_grad():
+            scores, rows = model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), model.n_docs,
+                                          ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"), ni["src_tokens"])
+        return found(scores, rows, model.retriever.store)
+
     @property
     def tokenizer(self):
         return self.task.tokenizer

@@ -38,6 +38,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("tasks",),
     ("hub", "conversion", "evaluation"),
     ("datasets", "pipeline", "fairseq_hooks"),
+    ("serving",),
     ("cli",),
 )
 

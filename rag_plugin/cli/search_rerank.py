@@ -21,9 +21,7 @@ imported when a search starts, not by ``--help``.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 from rag_plugin.util.errors import UserError
 
@@ -103,96 +101,20 @@ def candidates(args, n_passages: int, default: Optional[int] = None, whose: str 
     return wanted
 
 
-def found(scores, rows, store):
-    """A Retrieval of a reranked batch: the logits [B, K] and rows Long[B, K] (tensors); a row the stage held out
-    as missing (its logit ``NO_ROW``, its row read as 0) is -1 again."""
-    import torch  # loaded by the search already
-
-    from rag_plugin.reranking.stage import NO_ROW
-    from rag_plugin.retrieval.retriever import Retrieval
-
-    scores, rows = scores.detach().float().cpu(), rows.cpu()
-    rows = torch.where(scores.le(NO_ROW / 2), torch.full_like(rows, -1), rows)
-    return Retrieval(rows=rows.numpy().astype("int64"), scores=scores.numpy(), store=store)
-
-
-# ------------------------------------------------------------------ without --path: zero-shot MaxSim
-class LateInteraction:
-    """``--rerank maxsim`` over a first stage's candidates with the knowledge source's own encoder (no checkpoint):
-    ``search(questions)`` -> the best ``k`` of the first stage's ``depth`` by MaxSim."""
-
-    def __init__(self, first_stage, knowledge, encoder, k: int, depth: int, device):
-        from rag_plugin.reranking.maxsim import MaxSimReranker, PassageStates, check_token_states
-        from rag_plugin.retrieval.encoders import lower_states
-        from rag_plugin.util.devices import resolve_device
-
-        check_token_states(encoder, knowledge)  # the scorer's own one-line errors
-        self.first_stage, self.encoder, self.k, self.depth = first_stage, encoder, k, depth
-        self.device = resolve_device(device)
-        encoder.to(self.device)  # the query tower reads the questions, the passage tower the candidates
-        states = PassageStates(encoder, Path(knowledge.root) / lower_states.DIR_NAME)
-        # the knowledge source's own query BERT (not a copy: nothing trains it here), in eval mode
-        self.reranker = MaxSimReranker(encoder.query_tower.bert_model, states).eval()
-        self.model = SimpleNamespace(retriever=SimpleNamespace(store=first_stage.store))  # what the scorer reads
-
-    def search(self, questions: List[str]):
-        import torch  # loaded at construction
-
-        from rag_plugin.reranking.base import RerankBatch
-        from rag_plugin.reranking.stage import rerank
-
-        first = self.first_stage.search(questions, self.depth)
-        ids, mask, _ = self.encoder.collate(self.encoder.tokenize_queries(questions))
-        batch = RerankBatch(rows=torch.from_numpy(first.rows), first_stage=torch.from_numpy(first.scores).float(),
-                            src_tokens=torch.zeros((len(questions), 0), dtype=torch.long),  # no generator here
-                            query_tokens=ids.to(self.device), query_mask=mask.bool().to(self.device))
-        with torch.inference_mode():
-            scores, rows = rerank(self.reranker, self.model, batch, self.k, grad=False)
-        return found(scores, rows, first.store)
-
-
-def knowledge_and_encoder(first_stage, knowledge):
-    """The knowledge source and encoder behind a first stage (the dense side's, loaded once), else ``knowledge``
-    and its encoder (BM25)."""
-    dense = getattr(first_stage, "dense", first_stage)
-    if getattr(dense, "encoder", None) is not None and getattr(dense, "knowledge", None) is not None:
-        return dense.knowledge, dense.encoder
-    return knowledge, knowledge.load_encoder()
-
-
-def late_interaction(args, open_first_stage: Callable) -> LateInteraction:
+def late_interaction(args, open_first_stage: Callable):
     """--rerank maxsim without --path; ``open_first_stage(knowledge, depth)``: the first stage of L = depth."""
     from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy, faiss
 
     knowledge = KnowledgeSource(args.knowledge, index_mode="private" if args.private_index else "shared")
     depth = candidates(args, len(knowledge))
     first_stage = open_first_stage(knowledge, depth)
+    from rag_plugin.reranking.late_interaction import LateInteraction, knowledge_and_encoder  # start-up: torch
+
     knowledge, encoder = knowledge_and_encoder(first_stage, knowledge)
     return LateInteraction(first_stage, knowledge, encoder, args.k, depth, args.device)
 
 
 # ------------------------------------------------------------------ with --path: the checkpoint's model
-class CheckpointRetrieval:
-    """The model of ``--path`` retrieving (and reranking) as generation reads it: ``search(questions)`` -> its
-    ``retrieve`` over the task's dataset of the questions."""
-
-    def __init__(self, rag):
-        self.rag = rag
-
-    def search(self, questions: List[str]):
-        import torch  # loaded with the model
-
-        task, model = self.rag.task, self.rag.model
-        dataset = task.build_dataset(list(questions))
-        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
-        device = self.rag.device
-        ni = {key: (v.to(device) if torch.is_tensor(v) else v) for key, v in sample["net_input"].items()}
-        with torch.no_grad():
-            scores, rows = model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), model.n_docs,
-                                          ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"), ni["src_tokens"])
-        return found(scores, rows, model.retriever.store)
-
-
 def _checkpoint_depth(args, saved: Optional[int], reranker: str, n_passages: int) -> Optional[int]:
     """L for the checkpoint's model (None: it does not rerank): --rerank-candidates, else the checkpoint's
     (``saved``), else max(20, -k)."""
@@ -213,7 +135,7 @@ def _other_reranker(args, trained: str) -> UserError:
                      f"{trained})", path=args.path, fix=f"leave --rerank out, or use --rerank {trained}")
 
 
-def checkpoint_retrieval(args) -> CheckpointRetrieval:
+def checkpoint_retrieval(args):
     """The checkpoint's model with -k documents, the reranker (--rerank, else its own) and L candidates."""
     from rag_plugin.hub import RAG, checkpoint_task_options
     from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy, faiss
@@ -229,4 +151,4 @@ def checkpoint_retrieval(args) -> CheckpointRetrieval:
     rag = RAG.from_pretrained(args.path, knowledge=args.knowledge, n_docs=args.k, reranker=reranker,
                               rerank_candidates=depth, nprobe=args.nprobe, ef_search=args.ef_search,
                               private_index=args.private_index, device=args.device)
-    return CheckpointRetrieval(rag)
+    return rag  # RAG.search(questions): its own retrieval (and reranker)

@@ -1,0 +1,206 @@
+"""The model side of the service: a batch of questions in, answers with their passages out; retrieval alone
+(:mod:`.search`); the knowledge source's reload. Every method runs on the service's one compute thread
+(:mod:`.batcher`), so a batch reads one K, one generator and one version of the knowledge source.
+
+A batch is decoded as the hub decodes it (``rag_plugin.hub.RAG.generate``: the task's dataset of the questions,
+the task's generator, fairseq's search), with its generators built once per (decoding, beam, max_len) instead of
+per call. Answered in a batch or alone, a question gets the same answer and passages; the scores agree to float32
+rounding (a padded batch multiplies matrices of another shape)."""
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Dict, List, Tuple
+
+import torch
+
+from rag_plugin.serving import explain
+from rag_plugin.serving.schemas import DECODINGS, AnswerRequest
+from rag_plugin.serving.settings import ServeSettings
+from rag_plugin.util.errors import UserError
+
+
+@dataclass(frozen=True)
+class AnswerKey:
+    """What the questions of one batch share: a batch is one generator call."""
+
+    k: int
+    decoding: str
+    beam: int
+    max_len: int
+    explain: bool
+
+
+def load_model(s: ServeSettings):
+    """The checkpoint through the hub (the project's safe loader), with its knowledge source or ``--knowledge``."""
+    from rag_plugin.hub import RAG
+
+    return RAG.from_pretrained(s.path, knowledge=s.knowledge, n_docs=s.n_docs, device=s.device)
+
+
+def checkpoint_arch(path: str) -> str:
+    """The --arch a checkpoint was trained with (its config's model name), read mapped under the allow-list."""
+    from rag_plugin.util.safe_load import checkpoint_types_allowed
+
+    try:
+        with checkpoint_types_allowed():
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return str(state["cfg"]["model"]["_name"])
+    except Exception:  # a legacy (unmappable) file: the arch is only shown, never used
+        return "unknown"
+
+
+class Engine:
+    def __init__(self, rag, settings: ServeSettings):
+        self.rag, self.settings = rag, settings
+        model = rag.model
+        self.variant = str(getattr(model, "variant", "token"))
+        if model.n_docs == 0:
+            raise UserError("the checkpoint is closed-book (--n-docs 0): it reads no passages", path=settings.path,
+                            fix="serve a retrieval-augmented checkpoint (rag_token_*, rag_seq_*, fid_*)")
+        self.default_k = int(model.n_docs)
+        self.max_k = self._max_k()
+        if self.default_k > self.max_k:
+            raise UserError(f"the default K {self.default_k} is above --max-k {self.max_k}", path=settings.path,
+                            fix=f"pass --max-k {self.default_k} or more, or --n-docs {self.max_k} or fewer")
+        self.arch = checkpoint_arch(settings.path)
+        self.default_decoding = {"token": "beam", "fid": "fid"}.get(self.variant, str(rag.task.cfg.rag_decoding))
+        self._generators: Dict[Tuple, object] = {}
+        from rag_plugin.serving.search import Searcher  # light: retrievers are built on first use
+
+        self.searcher = Searcher(self)
+
+    def _max_k(self) -> int:
+        model, task = self.rag.model, self.rag.task
+        most = min(int(self.settings.max_k), len(task.knowledge))
+        if model.reranker is not None:  # K of the L candidates the reranker scores
+            most = min(most, int(model.context.rerank_candidates))
+        candidates = getattr(model.retriever, "candidates", None)  # hybrid: the fused candidates
+        return min(most, int(candidates)) if candidates else most
+
+    # ------------------------------------------------------------------ what a request leaves to the service
+    def key(self, req: AnswerRequest) -> AnswerKey:
+        return AnswerKey(k=req.k or self.default_k, decoding=req.decoding or self.default_decoding, beam=req.beam,
+                         max_len=req.max_len, explain=req.explain)
+
+    @property
+    def version(self) -> int:
+        return int(self.rag.version)
+
+    @contextmanager
+    def reading(self, k: int):
+        """The model and the task read ``k`` passages per question inside (the compute thread's only)."""
+        model, cfg = self.rag.model, self.rag.task.cfg
+        context, saved = model.context, cfg.n_docs
+        if k != context.n_docs:
+            model.use_retrieval(replace(context, n_docs=k))
+            cfg.n_docs = k
+        try:
+            yield
+        finally:
+            model.use_retrieval(context)
+            cfg.n_docs = saved
+
+    def _generator(self, key: AnswerKey):
+        gen_key = (key.decoding, key.beam, key.max_len)
+        if gen_key not in self._generators:
+            from fairseq.dataclass.configs import GenerationConfig  # loaded with the model
+
+            task = self.rag.task
+            args = GenerationConfig(beam=key.beam, nbest=1, max_len_a=0, max_len_b=key.max_len, lenpen=1.0)
+            saved = task.cfg.rag_decoding
+            if self.variant == "seq":
+                task.cfg.rag_decoding = key.decoding
+            try:
+                self._generators[gen_key] = task.build_generator([self.rag.model], args)
+            finally:
+                task.cfg.rag_decoding = saved
+        return self._generators[gen_key]
+
+    def sample(self, questions: List[str]):
+        from fairseq import utils  # loaded with the model
+
+        dataset = self.rag.task.build_dataset(list(questions))
+        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+        device = self.rag.device
+        return utils.apply_to_sample(lambda t: t.to(device), sample)
+
+    # ------------------------------------------------------------------ answers
+    def answer(self, key: AnswerKey, questions: List[str]) -> List[dict]:
+        """One generator call for every question of the batch; one response body each."""
+        from rag_plugin.generation.adapters import retrieval_of  # imports fairseq
+
+        started = time.perf_counter()
+        with self.reading(key.k):
+            sample = self.sample(questions)
+            with torch.no_grad():
+                hypos = self._generator(key).generate([self.rag.model], sample)
+            rows, doc_lp = retrieval_of(hypos)
+            best = [h[0]["tokens"].cpu() for h in hypos]
+            scores = post = tok_post = None
+            if key.explain and rows is not None and self.variant != "fid":
+                scores, post, tok_post = self._explain(sample, best, rows, doc_lp, key)
+        version = self.version
+        out = []
+        for i, question in enumerate(questions):
+            out.append({"question": question, "answer": self.rag.tokenizer.decode(best[i].tolist()),
+                        "score": float(hypos[i][0]["score"]), "decoding": key.decoding, "k": key.k,
+                        "knowledge_version": version,
+                        "passages": self._passages(i, rows, doc_lp, scores, post, tok_post),
+                        "token_posterior": self._token_posterior(i, best, tok_post, rows, doc_lp),
+                        "elapsed_ms": 1000.0 * (time.perf_counter() - started)})
+        return out
+
+    def _explain(self, sample, best, rows, doc_lp, key: AnswerKey):
+        """Retrieval logits, p(z|x,y) and (RAG-Token) the per-token posterior; the same rows as the generator's."""
+        ni = sample["net_input"]
+        with torch.no_grad():
+            logits, again = self.rag.model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), key.k,
+                                                    ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"),
+                                                    ni["src_tokens"])
+        if not torch.equal(again.cpu(), rows.cpu()):  # nondeterministic retrieval would mislabel the passages
+            raise RuntimeError("retrieval differed between the answer and its explanation")
+        post, tok = explain.posteriors(self.rag.model, ni["src_tokens"], rows, doc_lp, best, key.decoding == "beam")
+        return logits.float().cpu(), post, tok
+
+    def _passages(self, i, rows, doc_lp, scores, post, tok_post) -> List[dict]:
+        if rows is None:
+            return []
+        store = self.rag.task.knowledge.passages
+        prior = doc_lp[i].float().exp()
+        order = torch.argsort(prior, descending=True, stable=True).tolist()
+        return [{"rank": r, "id": store.id(int(rows[i, k])), "title": store.title(int(rows[i, k])),
+                 "text": store.text(int(rows[i, k])),
+                 "retrieval_score": None if scores is None else float(scores[i, k]),
+                 "prior": float(prior[k]), "posterior": None if post is None else float(post[i, k])}
+                for r, k in enumerate(order)]
+
+    def _token_posterior(self, i, best, tok_post, rows, doc_lp):
+        if tok_post is None:
+            return None
+        order = torch.argsort(doc_lp[i].float().exp(), descending=True, stable=True).tolist()
+        n = len(best[i])
+        tokens = explain.token_texts(self.rag.tokenizer, best[i].tolist(), self.rag.model.eos)
+        return {"tokens": tokens, "posterior": [[float(v) for v in tok_post[i, k, :n]] for k in order]}
+
+    # ------------------------------------------------------------------ the knowledge source
+    def reload(self) -> Tuple[int, int]:
+        """Open the knowledge source's current version; batches before it finished on the old one (the compute
+        thread runs one thing at a time). Returns (previous, now)."""
+        previous = self.version
+        now = int(self.rag.reload())
+        self.searcher.forget()
+        return previous, now
+
+    def info(self) -> dict:
+        task, s = self.rag.task, self.settings
+        knowledge = task.knowledge
+        return {"model": s.path, "arch": self.arch, "variant": self.variant, "k": self.default_k, "max_k": self.max_k,
+                "decodings": list(DECODINGS[self.variant]), "default_decoding": self.default_decoding,
+                "max_beam": s.max_beam, "max_len": s.max_len, "max_question_chars": s.max_question_chars,
+                "max_batch": s.max_batch, "max_queries": s.max_queries,
+                "retrievers": ["model", "dense", "bm25", "hybrid"], "rerankers": ["maxsim"],
+                "reranker": None if self.rag.model.reranker is None else str(task.cfg.reranker),
+                "knowledge": {"path": str(knowledge.root), "version": self.version, "passages": len(knowledge),
+                              "encoder": str(knowledge.encoder_spec),
+                              "passage_store_sha256": knowledge.passages.sha256},
+                "workers": s.workers}
