@@ -32,6 +32,11 @@ function fmt(value, digits) {
   return typeof value === "number" && Number.isFinite(value) ? value.toFixed(digits) : "—";
 }
 
+function fmtProb(value) {
+  // a probability: 4 decimals, or e-notation below 1e-3 (a posterior of 5e-9 is not 0)
+  return typeof value === "number" && value > 0 && value < 1e-3 ? value.toExponential(1) : fmt(value, 4);
+}
+
 async function api(path, body) {
   const init = body === undefined ? {} : {
     method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)};
@@ -108,9 +113,9 @@ function passageText(text) {
   return para;
 }
 
-function scoreItem(label, value, digits) {
+function scoreItem(label, shown) {
   const item = el("span", {class: "score"});
-  item.append(el("span", {class: "label"}, label), " ", el("b", {}, fmt(value, digits)));
+  item.append(el("span", {class: "label"}, label), " ", el("b", {}, shown));
   return item;
 }
 
@@ -120,11 +125,11 @@ function passageItem(p, i, coloured) {
   if (coloured) head.append(swatch(i));
   head.append(el("span", {class: "rank"}, p.rank + 1), el("strong", {class: "title"}, p.title),
     el("span", {class: "pid"}, p.id));
-  const bar = el("span", {class: "prior-bar", title: `p(z|x) = ${fmt(p.prior, 4)}`});
+  const bar = el("span", {class: "prior-bar", title: `p(z|x) = ${fmtProb(p.prior)}`});
   bar.style.width = `${Math.max(0, Math.min(1, p.prior)) * 100}%`;
   const scores = el("div", {class: "scores"});
-  scores.append(scoreItem("retrieval", p.retrieval_score, 3), scoreItem("prior p(z|x)", p.prior, 4),
-    scoreItem("posterior p(z|x,y)", p.posterior, 4));
+  scores.append(scoreItem("retrieval", fmt(p.retrieval_score, 3)), scoreItem("prior p(z|x)", fmtProb(p.prior)),
+    scoreItem("posterior p(z|x,y)", fmtProb(p.posterior)));
   li.append(head, scores, el("div", {class: "prior-track"}), passageText(p.text));
   li.querySelector(".prior-track").append(bar);
   return li;
@@ -157,7 +162,7 @@ function heatBody(tp, titles) {
     row.append(name);
     values.forEach((value, t) => {
       const v = Math.max(0, Math.min(1, Number(value)));
-      const cell = el("td", {"data-value": value, title: `${titles[k]} · ${tp.tokens[t]}: ${fmt(v, 4)}`},
+      const cell = el("td", {"data-value": value, title: `${titles[k]} · ${tp.tokens[t]}: ${fmtProb(v)}`},
         fmt(v, 2));
       cell.style.backgroundColor = `rgba(${HEAT_RGB}, ${v.toFixed(3)})`;
       if (v > 0.55) cell.classList.add("dark");
@@ -181,9 +186,8 @@ function drawTokens(tp, titles) {
   const line = $("answer-tokens");
   line.replaceChildren();
   tp.tokens.forEach((piece, t) => {
-    if (t > 0 && piece.startsWith("▁")) line.append(" ");
     const k = best[t];
-    const span = el("span", {class: "tok", "data-passage": k,
+    const span = el("span", {class: t > 0 && piece.startsWith("▁") ? "tok ws" : "tok", "data-passage": k,
       title: `${piece} ← passage ${k + 1} "${titles[k]}" (${fmt(tp.posterior[k][t], 3)})`}, pieceText(piece));
     span.style.backgroundColor = passageColour(k);
     line.append(span);
