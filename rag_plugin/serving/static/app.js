@@ -6,7 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const SHORT_TEXT = 240;  // characters of a passage shown before its "more" button
 const HEAT_RGB = "31, 87, 160";  // the heat map's colour; a cell's alpha is its posterior
-const VARIANTS = {token: "RAG-Token", seq: "RAG-Sequence", fid: "FiD"};
+const VARIANTS = {token: "RAG-Token", seq: "RAG-Sequence", sequence: "RAG-Sequence", fid: "FiD"};
 let knowledge = null;  // /v1/info's knowledge block, for the version line
 let requests = 0;  // answered requests (answer or error), published on <body data-requests> for tests
 
