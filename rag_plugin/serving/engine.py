@@ -108,7 +108,7 @@ class Engine:
             task = self.rag.task
             args = GenerationConfig(beam=key.beam, nbest=1, max_len_a=0, max_len_b=key.max_len, lenpen=1.0)
             saved = task.cfg.rag_decoding
-            if self.variant == "seq":
+            if self.variant == "sequence":
                 task.cfg.rag_decoding = key.decoding
             try:
                 self._generators[gen_key] = task.build_generator([self.rag.model], args)

@@ -9,7 +9,7 @@ from rag_plugin.serving.settings import ServeSettings
 
 #: every decoding a service knows; a model decodes with its variant's (DECODINGS)
 Decoding = Literal["beam", "thorough", "fast", "fid"]
-DECODINGS = {"token": ("beam",), "seq": ("thorough", "fast"), "fid": ("fid",)}
+DECODINGS = {"token": ("beam",), "sequence": ("thorough", "fast"), "fid": ("fid",)}
 Retriever = Literal["model", "dense", "bm25", "hybrid"]
 
 

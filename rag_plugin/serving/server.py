@@ -4,6 +4,7 @@ With several workers, uvicorn's supervisor starts N processes on the one socket;
 opens the knowledge source with its index mapped shared (``KnowledgeSource``'s default), so the index's pages are
 the node's page cache, held once however many workers read them. Each worker takes its share of the cores for
 torch. SIGTERM (or Ctrl-C) stops accepting connections, lets every request in flight finish, and exits 0."""
+import inspect
 import json
 import logging
 import os
@@ -86,7 +87,10 @@ def run(settings: ServeSettings, announce=print) -> int:
                             **common)
     sock = bind(settings.host, settings.port)
     _announce(announce, settings, sock, None)
-    supervisor = Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock])
+    if "target" in inspect.signature(Multiprocess).parameters:  # uvicorn before its worker health checks
+        supervisor = Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock])
+    else:
+        supervisor = Multiprocess(config, sockets=[sock])
     supervisor.run()
     failed = [p.exitcode for p in supervisor.processes if p.exitcode not in (None, 0, -signal.SIGTERM)]
     return 1 if failed else 0
