@@ -25,6 +25,8 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="rag-serve", description=__doc__)
     for f in fields(ServeSettings):
         meta = dict(f.metadata)
+        if meta.get("internal"):
+            continue
         flag = "--" + f.name.replace("_", "-")
         kw = {"help": meta.pop("help"), "dest": f.name}
         if meta.pop("required", False):

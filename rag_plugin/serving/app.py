@@ -5,6 +5,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -68,12 +69,30 @@ class Service:
         self.engine, self.settings = engine, settings
         self.batcher = Batcher(settings.max_wait_ms)
         self.pending = 0
+        self.reload_epoch = read_epoch(settings.reload_stamp)
+
+    async def follow_reloads(self) -> None:
+        """--workers N: a reload another worker was asked for reaches this one before its next request."""
+        epoch = read_epoch(self.settings.reload_stamp)
+        if epoch > self.reload_epoch:
+            self.reload_epoch = epoch
+            previous, now = await self.batcher.exclusive(self.engine.reload)
+            logger.info("knowledge source reloaded (asked of another worker): version %d -> %d", previous, now)
+
+    async def reload(self):
+        previous, now = await self.batcher.exclusive(self.engine.reload)
+        if self.settings.reload_stamp:
+            self.reload_epoch = read_epoch(self.settings.reload_stamp) + 1
+            write_epoch(self.settings.reload_stamp, self.reload_epoch)
+        logger.info("knowledge source reloaded: version %d -> %d", previous, now)
+        return {"knowledge_version": now, "previous": previous}
 
     async def submit(self, job: Job):
         if self.pending >= self.settings.max_pending:
             raise BadRequest(f"the service holds {self.pending} requests (--max-pending); try again", None, 503)
         self.pending += 1
         try:
+            await self.follow_reloads()
             return await asyncio.wait_for(self.batcher.submit(job), self.settings.timeout)
         except asyncio.TimeoutError:
             raise BadRequest(f"no answer within --timeout {self.settings.timeout:g} s; the request was dropped",
@@ -146,9 +165,7 @@ def build_app(engine, settings) -> FastAPI:
     @app.post("/v1/reload")
     async def reload(request: Request):
         _authorize(request, settings.admin_token)
-        previous, now = await service.batcher.exclusive(engine.reload)
-        logger.info("knowledge source reloaded: version %d -> %d", previous, now)
-        return {"knowledge_version": now, "previous": previous}
+        return await service.reload()
 
     @app.get("/")
     async def page():
@@ -156,6 +173,22 @@ def build_app(engine, settings) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")  # refuses paths out of the folder
     return app
+
+
+def read_epoch(path) -> int:
+    """How many reloads the workers were asked for (0 without a stamp file: one process)."""
+    if not path:
+        return 0
+    try:
+        return int(Path(path).read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def write_epoch(path: str, epoch: int) -> None:
+    tmp = f"{path}.{os.getpid()}"
+    Path(tmp).write_text(str(epoch))
+    os.replace(tmp, path)  # atomic: a worker reads the old number or the new one
 
 
 def _authorize(request: Request, token) -> None:

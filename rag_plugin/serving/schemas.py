@@ -49,7 +49,7 @@ class Passage(BaseModel):
     id: str
     title: str
     text: str
-    retrieval_score: float
+    retrieval_score: Optional[float]
     prior: float
     posterior: Optional[float]
 

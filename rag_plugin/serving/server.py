@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import sys
+import tempfile
+from dataclasses import replace
 
 from rag_plugin.serving.settings import ServeSettings
 
@@ -82,6 +84,9 @@ def run(settings: ServeSettings, announce=print) -> int:
         return 0
     from uvicorn.supervisors import Multiprocess
 
+    stamp = tempfile.NamedTemporaryFile(prefix="rag-serve-reload-", suffix=".stamp", delete=False)
+    stamp.close()
+    settings = replace(settings, reload_stamp=stamp.name)
     os.environ[SETTINGS_ENV] = json.dumps(settings.to_dict())
     config = uvicorn.Config("rag_plugin.serving.server:create_app", factory=True, workers=settings.workers,
                             **common)
@@ -91,7 +96,10 @@ def run(settings: ServeSettings, announce=print) -> int:
         supervisor = Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock])
     else:
         supervisor = Multiprocess(config, sockets=[sock])
-    supervisor.run()
+    try:
+        supervisor.run()
+    finally:
+        os.unlink(stamp.name)
     failed = [p.exitcode for p in supervisor.processes if p.exitcode not in (None, 0, -signal.SIGTERM)]
     return 1 if failed else 0
 

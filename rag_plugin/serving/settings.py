@@ -32,6 +32,8 @@ class ServeSettings:
     cors_origin: List[str] = _opt(None, "allow cross-origin requests from this origin (repeatable; none by default)",
                                   action="append")
     log_level: str = _opt("info", "uvicorn's log level (critical, error, warning, info, debug)")
+    #: set by the server for --workers N (not an option): the file through which a reload reaches every worker
+    reload_stamp: Optional[str] = _opt(None, "", internal=True)
 
     def to_dict(self) -> dict:
         return asdict(self)
