@@ -81,7 +81,24 @@ def main(argv=None):
     merged = write_results(demo.results, record, runner.timings, time.perf_counter() - started, work, stages)
     runner.log(f"\nRESULTS.md and RESULTS.json written ({(time.perf_counter() - started) / 60:.1f} min in all)")
     print("\n" + "\n".join(systems_table(merged, run_labels(merged))))
+    if "rag_token" in checkpoints:
+        print("\n" + serve_command(checkpoints["rag_token"]), flush=True)
     return 0
+
+
+def serve_command(checkpoint) -> str:
+    """The one command that serves the demo's RAG-Token model (rag-serve: docs/serving.md), paths as typed from the
+    repository root."""
+    from demo_run.runner import KS
+
+    def shown(path) -> str:
+        try:
+            return str(path.resolve().relative_to(ROOT.resolve()))
+        except ValueError:
+            return str(path)
+
+    return ("Serve the RAG-Token model (answers, passages and per-token posterior at http://127.0.0.1:8000/):\n"
+            f"  .venv/bin/rag-serve --path {shown(checkpoint)} --knowledge {shown(KS)} --port 8000")
 
 
 if __name__ == "__main__":

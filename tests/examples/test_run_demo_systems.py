@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from demo_run import history, recipe, selection  # examples/demo, put on sys.path by conftest.py
@@ -75,11 +76,14 @@ def test_unknown_systems_are_a_one_line_error(spec, wanted, capsys):
     assert err.count("\n") == 1 and err.startswith("error: --systems: ") and "jeopardy" in err
 
 
-def test_the_default_run(tmp_path, monkeypatch):
+def test_the_default_run(tmp_path, monkeypatch, capsys):
     """run_demo.py without --systems trains the default systems only, tests their rows, sweeps those of the
-    sweep, runs the hot-swap test and Jeopardy."""
+    sweep, runs the hot-swap test and Jeopardy; it ends by printing the command that serves its RAG-Token model."""
     demo = FakeDemo(tmp_path, monkeypatch)
     runner = demo.run(["--sweep", "1,3"])
+    last = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert last[:2] == [".venv/bin/rag-serve", "--path"] and last[-2:] == ["--port", "8000"]
+    assert Path(last[2]).name == "checkpoint_last.pt" and Path(last[2]).parent.name == "rag_token"
     stages = recipe.load_stages()
     default = selection.default_systems(stages)
     systems = [name for name in default if name != "jeopardy"]
