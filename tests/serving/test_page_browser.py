@@ -7,17 +7,9 @@ in its error box.
 The browser tests skip, saying why, where Chromium, chromedriver or selenium is missing (``.ci/run`` installs the
 first two with apt-get when it can). ``RAG_SERVE_SCREENSHOT=path.png`` also saves the answered page there.
 """
-import json
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -94,62 +86,10 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return json.loads(resp.read())
-
-
-def _post(url: str, body: dict):
-    """(status, JSON body) of a POST, error statuses included."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-@contextmanager
-def rag_serve(checkpoint, log_path: Path, timeout: float = 180.0):
-    """The real ``rag-serve`` over ``checkpoint`` on a free loopback port; yields its base URL once
-    /v1/health answers, and stops it on exit."""
-    port = _free_port()
-    cmd = [str(Path(sys.executable).parent / "rag-serve"), "--path", str(checkpoint), "--port", str(port)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert proc.poll() is None, f"rag-serve exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
-            try:
-                if _get(base + "/v1/health")["status"] == "ok":
-                    break
-            except (OSError, ValueError):
-                pass
-            assert time.monotonic() < deadline, f"rag-serve not up in {timeout:.0f}s:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
-def server(trained, tmp_path_factory):
-    with rag_serve(trained["rag_token_tiny"], tmp_path_factory.mktemp("serve") / "rag-serve.log") as base:
-        yield base
+def server(token_server):
+    """The base URL of tests/serving/conftest.py's rag-serve over rag_token_tiny."""
+    return token_server
 
 
 def open_page(driver, base: str, timeout: float = 30.0):
@@ -212,8 +152,8 @@ def save_screenshot(driver, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_page_answers_and_draws_the_posterior(browser, server, tmp_path):
-    info = _get(server + "/v1/info")
-    open_page(browser, server)
+    info = server.get("/v1/info")[1]
+    open_page(browser, server.base)
     from selenium.webdriver.support.ui import Select
 
     assert [o.text for o in Select(browser.find_element("id", "decoding")).options] == info["decodings"]
@@ -225,7 +165,7 @@ def test_page_answers_and_draws_the_posterior(browser, server, tmp_path):
 
     assert ask(browser, QUESTION) == "answer"
     drawn = check_answer(browser, info["k"])
-    status, reply = _post(server + "/v1/answer", {"question": QUESTION, "k": info["k"]})
+    status, reply = server.post("/v1/answer", {"question": QUESTION, "k": info["k"]})
     assert status == 200 and reply["token_posterior"]["tokens"] == drawn["tokens"]
     assert browser.find_element("id", "answer").get_attribute("textContent") == reply["answer"]
     assert f"v{reply['knowledge_version']}" in browser.find_element("id", "version").text
@@ -238,9 +178,9 @@ def test_page_answers_and_draws_the_posterior(browser, server, tmp_path):
 
 @pytest.mark.slow
 def test_page_shows_an_api_error_in_its_error_box(browser, server):
-    status, reply = _post(server + "/v1/answer", {"question": ""})
+    status, reply = server.post("/v1/answer", {"question": ""})
     assert status == 422 and reply["error"]
-    open_page(browser, server)
+    open_page(browser, server.base)
     assert ask(browser, "") == "error"
     box = browser.find_element("id", "error")
     assert box.is_displayed() and box.get_attribute("textContent").startswith(reply["error"])
