@@ -63,6 +63,9 @@ def main(argv=None) -> int:
 
     settings = ServeSettings.from_dict(vars(args))
     check(settings)
+    from rag_plugin.util.quiet_import import import_fairseq_quietly
+
+    import_fairseq_quietly()  # before logging is set up: fairseq's import notices stay out of the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
         from rag_plugin.serving import server  # start-up: uvicorn, fastapi

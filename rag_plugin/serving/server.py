@@ -1,23 +1,14 @@
-"""Running the service: uvicorn on a socket bound here (port 0: a free one), one process or ``--workers N``.
-
-With several workers, uvicorn's supervisor starts N processes on the one socket; each loads the model itself and
-opens the knowledge source with its index mapped shared (``KnowledgeSource``'s default), so the index's pages are
-the node's page cache, held once however many workers read them. Each worker takes its share of the cores for
-torch. SIGTERM (or Ctrl-C) stops accepting connections, lets every request in flight finish, and exits 0."""
-import inspect
-import json
+"""Running the service: uvicorn on a socket bound here (port 0: a free one), in this process or in ``--workers N``
+processes (:mod:`.workers`). SIGTERM (or Ctrl-C) stops accepting connections, lets every request in flight finish,
+and exits 0."""
 import logging
 import os
 import signal
 import socket
 import sys
-import tempfile
-from dataclasses import replace
 
 from rag_plugin.serving.settings import ServeSettings
 
-#: the environment variable that hands the settings to worker processes (uvicorn's factory takes no arguments)
-SETTINGS_ENV = "RAG_SERVE_SETTINGS"
 logger = logging.getLogger("rag_plugin.serving")
 
 
@@ -36,14 +27,6 @@ def build_engine(settings: ServeSettings):
     return Engine(load_model(settings), settings)
 
 
-def create_app():
-    """uvicorn's app factory in a worker process: the settings from SETTINGS_ENV."""
-    from rag_plugin.serving.app import build_app
-
-    settings = ServeSettings.from_dict(json.loads(os.environ[SETTINGS_ENV]))
-    return build_app(build_engine(settings), settings)
-
-
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -53,9 +36,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _Stop:
-    """SIGTERM/SIGINT after uvicorn's graceful shutdown: uvicorn raises the signal again once it is done, and this
-    handler takes it instead of the default one (which would end the process with the signal's status)."""
+class Stop:
+    """SIGTERM/SIGINT's handler around uvicorn: uvicorn takes the signals while it serves, shuts down gracefully,
+    then raises the signal again; this handler takes it there instead of the default one (which would end the
+    process with the signal's status, skipping its clean-up)."""
 
     def __init__(self):
         self.signals = []
@@ -63,45 +47,38 @@ class _Stop:
     def __call__(self, sig, frame):
         self.signals.append(sig)
 
+    def install(self) -> "Stop":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self)
+        return self
+
+
+def serve(settings: ServeSettings, sock: socket.socket, engine=None) -> None:
+    """Serve ``sock`` in this process until SIGTERM/SIGINT (the engine built here unless given)."""
+    import uvicorn
+
+    from rag_plugin.serving.app import build_app
+
+    engine = engine if engine is not None else build_engine(settings)
+    config = uvicorn.Config(build_app(engine, settings), log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=None, proxy_headers=False, server_header=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
 
 def run(settings: ServeSettings, announce=print) -> int:
     """Serve until SIGTERM/SIGINT; the exit status (0 after a graceful stop)."""
-    import uvicorn
-
-    stop = _Stop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
-    common = dict(log_level=settings.log_level, timeout_graceful_shutdown=None, access_log=False,
-                  proxy_headers=False, server_header=False)
+    Stop().install()
     if settings.workers <= 1:
-        from rag_plugin.serving.app import build_app
-
         engine = build_engine(settings)
-        config = uvicorn.Config(build_app(engine, settings), **common)
         sock = bind(settings.host, settings.port)
         _announce(announce, settings, sock, engine)
-        uvicorn.Server(config).run(sockets=[sock])
+        serve(settings, sock, engine)
         return 0
-    from uvicorn.supervisors import Multiprocess
+    from rag_plugin.serving.workers import supervise
 
-    stamp = tempfile.NamedTemporaryFile(prefix="rag-serve-reload-", suffix=".stamp", delete=False)
-    stamp.close()
-    settings = replace(settings, reload_stamp=stamp.name)
-    os.environ[SETTINGS_ENV] = json.dumps(settings.to_dict())
-    config = uvicorn.Config("rag_plugin.serving.server:create_app", factory=True, workers=settings.workers,
-                            **common)
     sock = bind(settings.host, settings.port)
     _announce(announce, settings, sock, None)
-    if "target" in inspect.signature(Multiprocess).parameters:  # uvicorn before its worker health checks
-        supervisor = Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock])
-    else:
-        supervisor = Multiprocess(config, sockets=[sock])
-    try:
-        supervisor.run()
-    finally:
-        os.unlink(stamp.name)
-    failed = [p.exitcode for p in supervisor.processes if p.exitcode not in (None, 0, -signal.SIGTERM)]
-    return 1 if failed else 0
+    return supervise(settings, sock)
 
 
 def _announce(announce, settings: ServeSettings, sock: socket.socket, engine) -> None:
