@@ -10,13 +10,21 @@ Endpoints: POST /v1/answer, POST /v1/search, GET /v1/health, GET /v1/info, POST 
 unless --cors-origin. SIGTERM lets the requests in flight finish and exits 0. docs/serving.md has the API.
 """
 import logging
+import typing
 from dataclasses import MISSING, fields
 
 from rag_plugin.cli.common import ArgumentParser
 from rag_plugin.util.errors import UserError, cli_main
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 POSITIVE = ("workers", "max_k", "max_batch", "max_pending", "max_question_chars", "max_queries", "max_beam",
             "max_len")
+
+
+def _arg_type(f):
+    """An option's type from its field's annotation: Optional[int] is int (a None default says nothing)."""
+    kinds = typing.get_args(f.type) or (f.type,)
+    return next((t for t in kinds if t in (int, float)), str)
 
 
 def build_parser() -> ArgumentParser:
@@ -35,7 +43,7 @@ def build_parser() -> ArgumentParser:
             kw["action"] = meta.pop("action")
         else:
             kw["default"] = None if f.default is MISSING else f.default
-            kw["type"] = {int: int, float: float}.get(type(f.default), str)
+            kw["type"] = _arg_type(f)
         p.add_argument(flag, **kw)
     return p
 
@@ -54,6 +62,9 @@ def check(settings) -> None:
         raise UserError(f"--n-docs must be at least 1, got {settings.n_docs}")
     if settings.admin_token is not None and len(settings.admin_token) < 8:
         raise UserError("--admin-token is shorter than 8 characters", fix="use a long random token")
+    if settings.log_level.lower() not in LOG_LEVELS:
+        raise UserError(f"--log-level {settings.log_level!r} is not a log level",
+                        fix=f"use one of {', '.join(LOG_LEVELS)}")
 
 
 @cli_main
@@ -78,4 +89,4 @@ def main(argv=None) -> int:
         return server.run(settings)
     except OSError as err:  # the port
         raise UserError(f"cannot listen on {settings.host}:{settings.port} ({err.strerror})",
-                        fix="pick another --port (0: a free one)") from None
+                        fix="check --host, or pick another --port (0: a free one)") from None

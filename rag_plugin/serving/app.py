@@ -45,9 +45,16 @@ async def read_body(request: Request, model):
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise BadRequest(f"the body must be application/json, got {kind or 'no content type'}", "content-type", 415)
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise BadRequest(f"the body has {len(raw)} bytes, more than {MAX_BODY}", None, 413)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:  # refused before it is read
+        raise BadRequest(f"the body has {int(declared)} bytes, more than {MAX_BODY}", None, 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BadRequest(f"the body has more than {MAX_BODY} bytes", None, 413)
+    raw = b"".join(chunks)
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
@@ -117,9 +124,10 @@ class Service:
     def _search(self, key, payloads):
         flat = [q for queries in payloads for q in queries]
         hits = self.engine.searcher.search(key, flat)
+        version = self.engine.version  # the batch's (a reload may finish before its responses are written)
         out, start = [], 0
         for queries in payloads:
-            out.append(hits[start:start + len(queries)])
+            out.append((hits[start:start + len(queries)], version))
             start += len(queries)
         return out
 
@@ -149,9 +157,8 @@ def build_app(engine, settings) -> FastAPI:
     async def search(request: Request):
         req = await read_body(request, SearchRequest)
         job = service.search_job(req)
-        results = await service.submit(job)
-        return {"results": results, "retriever": req.retriever, "rerank": req.rerank,
-                "knowledge_version": engine.version}
+        results, version = await service.submit(job)
+        return {"results": results, "retriever": req.retriever, "rerank": req.rerank, "knowledge_version": version}
 
     @app.get("/v1/health")
     async def health():

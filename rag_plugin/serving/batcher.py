@@ -67,24 +67,34 @@ class Batcher:
 
     # ------------------------------------------------------------------ the gathering loop
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             jobs = [await self._queue.get()]
-            deadline = loop.time() + self.max_wait
-            while True:
-                while not self._queue.empty():
-                    jobs.append(self._queue.get_nowait())
-                if _filled(jobs):
-                    break
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    jobs.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except asyncio.TimeoutError:
-                    break
-            for batch in _batches(jobs):
-                await self._compute(batch)
+            try:
+                await self._gather(jobs)
+                for batch in _batches(jobs):
+                    await self._compute(batch)
+            except asyncio.CancelledError:  # stop(): what was gathered and not answered fails
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(RuntimeError("the service is shutting down"))
+                raise
+
+    async def _gather(self, jobs: List[Job]) -> None:
+        """Add to ``jobs`` what is queued, then what comes within max_wait, until the first job's batch is full."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait
+        while True:
+            while not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+            if _filled(jobs):
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            try:
+                jobs.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except asyncio.TimeoutError:
+                return
 
     async def _compute(self, batch: List[Job]) -> None:
         live = [j for j in batch if not j.future.done()]  # a caller that timed out has cancelled its future

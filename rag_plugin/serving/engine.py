@@ -18,6 +18,9 @@ from rag_plugin.serving.schemas import DECODINGS, AnswerRequest
 from rag_plugin.serving.settings import ServeSettings
 from rag_plugin.util.errors import UserError
 
+#: a request's beam and answer length when it gives none (capped by --max-beam, --max-len): the hub's defaults
+DEFAULT_BEAM, DEFAULT_MAX_LEN = 4, 64
+
 
 @dataclass(frozen=True)
 class AnswerKey:
@@ -79,8 +82,11 @@ class Engine:
 
     # ------------------------------------------------------------------ what a request leaves to the service
     def key(self, req: AnswerRequest) -> AnswerKey:
-        return AnswerKey(k=req.k or self.default_k, decoding=req.decoding or self.default_decoding, beam=req.beam,
-                         max_len=req.max_len, explain=req.explain)
+        s = self.settings
+        return AnswerKey(k=req.k or self.default_k, decoding=req.decoding or self.default_decoding,
+                         beam=req.beam if req.beam is not None else min(DEFAULT_BEAM, s.max_beam),
+                         max_len=req.max_len if req.max_len is not None else min(DEFAULT_MAX_LEN, s.max_len),
+                         explain=req.explain)
 
     @property
     def version(self) -> int:

@@ -20,6 +20,10 @@ def token_texts(tokenizer, tokens: List[int], eos: int) -> List[str]:
             out.append("</s>")
             continue
         now = tokenizer.decode(tokens[: t + 1])
+        last = t + 1 == len(tokens) or tokens[t + 1] == eos
+        if not last and (now.endswith("\ufffd") or not now.startswith(before)):
+            out.append("")  # a character split over byte tokens (BPE): the token that completes it adds it
+            continue
         out.append(now[len(before):] if now.startswith(before) else now)
         before = now
     return out

@@ -29,8 +29,8 @@ class AnswerRequest(_Strict):
     question: str = Field(description="the question")
     k: Optional[int] = Field(None, description="passages read (default: the service's K)")
     decoding: Optional[Decoding] = Field(None, description="beam (RAG-Token), thorough|fast (RAG-Sequence), fid")
-    beam: int = Field(4, description="beam size")
-    max_len: int = Field(64, description="the longest answer (tokens)")
+    beam: Optional[int] = Field(None, description="beam size (default 4, at most --max-beam)")
+    max_len: Optional[int] = Field(None, description="the longest answer in tokens (default 64, at most --max-len)")
     explain: bool = Field(True, description="add each passage's posterior and RAG-Token's per-token posterior")
 
 
@@ -106,8 +106,10 @@ def check_answer(req: AnswerRequest, s: ServeSettings, variant: str, max_k: int)
     if req.decoding is not None and req.decoding not in DECODINGS[variant]:
         raise BadRequest(f"decoding {req.decoding!r} is not one of this model's ({variant}): "
                          f"{', '.join(DECODINGS[variant])}", "decoding")
-    _range(req.beam, 1, s.max_beam, "beam", "--max-beam")
-    _range(req.max_len, 1, s.max_len, "max_len", "--max-len")
+    if req.beam is not None:
+        _range(req.beam, 1, s.max_beam, "beam", "--max-beam")
+    if req.max_len is not None:
+        _range(req.max_len, 1, s.max_len, "max_len", "--max-len")
 
 
 def check_search(req: SearchRequest, s: ServeSettings, max_k: int, max_depth: int) -> None:
