@@ -79,14 +79,14 @@ def main(argv=None) -> int:
     import_fairseq_quietly()  # before logging is set up: fairseq's import notices stay out of the log
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
-        from rag_plugin.serving import server  # start-up: uvicorn, fastapi
+        from rag_plugin.serving import launch  # start-up: uvicorn, fastapi
     except ImportError as err:
         raise UserError(f"rag-serve needs {err.name}", fix="pip install -e . (fastapi and uvicorn)") from None
     from rag_plugin.util.safe_load import checkpoint_task_options
 
     checkpoint_task_options(settings.path)  # "checkpoint not found" / unsafe: one line before any worker starts
     try:
-        return server.run(settings)
+        return launch.run(settings)
     except OSError as err:  # the port
         raise UserError(f"cannot listen on {settings.host}:{settings.port} ({err.strerror})",
                         fix="check --host, or pick another --port (0: a free one)") from None

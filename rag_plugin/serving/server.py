@@ -1,11 +1,9 @@
-"""Running the service: uvicorn on a socket bound here (port 0: a free one), in this process or in ``--workers N``
-processes (:mod:`.workers`). SIGTERM (or Ctrl-C) stops accepting connections, lets every request in flight finish,
-and exits 0."""
+"""One process serving: the engine built, uvicorn on a socket bound here (port 0: a free one). SIGTERM (or Ctrl-C)
+stops accepting connections and lets every request in flight finish (:class:`Stop`)."""
 import logging
 import os
 import signal
 import socket
-import sys
 
 from rag_plugin.serving.settings import ServeSettings
 
@@ -63,32 +61,3 @@ def serve(settings: ServeSettings, sock: socket.socket, engine=None) -> None:
     config = uvicorn.Config(build_app(engine, settings), log_level=settings.log_level, access_log=False,
                             timeout_graceful_shutdown=None, proxy_headers=False, server_header=False)
     uvicorn.Server(config).run(sockets=[sock])
-
-
-def run(settings: ServeSettings, announce=print) -> int:
-    """Serve until SIGTERM/SIGINT; the exit status (0 after a graceful stop)."""
-    Stop().install()
-    if settings.workers <= 1:
-        engine = build_engine(settings)
-        sock = bind(settings.host, settings.port)
-        _announce(announce, settings, sock, engine)
-        serve(settings, sock, engine)
-        return 0
-    from rag_plugin.serving.workers import supervise
-
-    sock = bind(settings.host, settings.port)
-    _announce(announce, settings, sock, None)
-    return supervise(settings, sock)
-
-
-def _announce(announce, settings: ServeSettings, sock: socket.socket, engine) -> None:
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    what = "" if engine is None else (f" ({engine.variant}, K={engine.default_k}, knowledge version "
-                                      f"{engine.version})")
-    workers = f", {settings.workers} workers loading" if settings.workers > 1 else ""
-    announce(f"rag-serve: serving {settings.path}{what} at http://{shown}:{port}/{workers}", flush=True)
-    if settings.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("rag-serve listens on %s: every host that reaches it can ask it (and, with --admin-token, "
-                       "reload it)", settings.host)
-    sys.stdout.flush()
