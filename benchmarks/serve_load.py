@@ -246,7 +246,8 @@ def rss_drift(samples, total: int) -> Dict:
     return {"samples": len(samples), "first_mib": round(samples[0][1] / 1024, 1),
             "after_warmup_mib": round(base[1] / 1024, 1), "after_warmup_at_request": base[0],
             "last_10pct_mean_mib": round(mean_tail / 1024, 1), "max_mib": round(max(s[1] for s in samples) / 1024, 1),
-            "drift_pct": round(100 * (mean_tail - base[1]) / base[1], 2)}
+            "drift_pct": round(100 * (mean_tail - base[1]) / base[1], 2),
+            "curve": [[n, round(kb / 1024, 1)] for n, kb in samples[::max(1, len(samples) // 20)]]}
 
 
 def agreement(outcomes: List[H.Outcome], hub_answers: Dict, sample: int) -> Dict:
