@@ -118,13 +118,13 @@ class Service:
     def search_job(self, req: SearchRequest) -> Job:
         s, searcher = self.settings, self.engine.searcher
         check_search(req, s, self.engine.max_k, searcher.max_depth)
-        return Job(run=self._search, key=searcher.key(req), payload=list(req.queries), size=len(req.queries),
-                   limit=max(s.max_queries, s.max_batch))
+        key = searcher.key(req)
+        return Job(run=self._search, key=key, payload=list(req.queries), size=len(req.queries),
+                   limit=max(s.max_queries, s.max_batch), lane=searcher.lane(key))
 
     def _search(self, key, payloads):
         flat = [q for queries in payloads for q in queries]
-        hits = self.engine.searcher.search(key, flat)
-        version = self.engine.version  # the batch's (a reload may finish before its responses are written)
+        hits, version = self.engine.searcher.search(key, flat)  # the version the batch read
         out, start = [], 0
         for queries in payloads:
             out.append((hits[start:start + len(queries)], version))

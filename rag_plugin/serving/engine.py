@@ -193,8 +193,7 @@ class Engine:
         """Open the knowledge source's current version; batches before it finished on the old one (the compute
         thread runs one thing at a time). Returns (previous, now)."""
         previous = self.version
-        now = int(self.rag.reload())
-        self.searcher.forget()
+        now = int(self.rag.reload())  # the searcher follows the new version at its next search
         return previous, now
 
     def info(self) -> dict:

@@ -233,6 +233,29 @@ def test_exclusive_runs_after_the_computing_batch_and_before_later_batches():
     assert rec.order == [("batch", "slow", ("s",)), ("exclusive",), ("batch", "a", ("after",))]
 
 
+def test_a_search_lane_job_runs_while_a_compute_batch_is_busy():
+    """The knowledge source's searches have their own thread: a search is answered while a batch of the model
+    computes, and never beside another search (one thread per lane)."""
+    rec = Recorder(gate="slow")
+    threads = []
+
+    def search(key, payloads):
+        threads.append(threading.current_thread().name)
+        return [("searched", p) for p in payloads]
+
+    async def scenario(b):
+        slow = asyncio.ensure_future(b.submit(job(rec, "slow", "s")))
+        await until(rec.started)
+        found = await asyncio.wait_for(b.submit(Job(run=search, key="dense", payload="q", size=1, limit=8,
+                                                    lane="search")), BOUND)
+        assert not slow.done()  # the model's batch is still computing
+        rec.release.set()
+        return found, await asyncio.wait_for(slow, BOUND)
+
+    assert run_async(scenario) == (("searched", "q"), ("slow", "s"))
+    assert threads == ["rag-serve-search_0"]
+
+
 def test_exclusive_on_an_idle_batcher_runs_at_once_and_passes_its_error():
     def boom():
         raise OSError("cannot open")

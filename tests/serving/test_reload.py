@@ -181,7 +181,8 @@ def test_a_response_carries_the_version_its_batch_read(trained, tiny_world, tmp_
     ckpt = str(trained["rag_token_tiny"])
     settings = ServeSettings(path=ckpt, knowledge=str(ks), admin_token=TOKEN)
     engine = Engine(RAG.from_pretrained(ckpt, knowledge=str(ks)), settings)
-    gone = engine.searcher.search(engine.searcher.key(_search_req()), [QUESTION])[0][0]["id"]
+    # search(): (the hits of each query, the version they come from)
+    gone = engine.searcher.search(engine.searcher.key(_search_req()), [QUESTION])[0][0][0]["id"]
     delete_passage(ks, gone, tmp_path)
     app = build_app(engine, settings)
     routes = {r.path: r.endpoint for r in app.routes if hasattr(r, "endpoint")}
