@@ -53,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_load_http as H  # noqa: E402  (this folder's plumbing)
+from retrieval_common import machine_info  # noqa: E402
 from serve_load_report import report, verdicts  # noqa: E402
 
 ROOT = H.ROOT
@@ -312,12 +313,8 @@ def answered(pid: int, inodes) -> bool:
 
 # ------------------------------------------------------------------------------------------ the driver
 def machine() -> str:
-    try:
-        name = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                    if x.startswith("model name"))
-    except (OSError, StopIteration):
-        name = platform.processor()
-    return f"{name}, {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 30} GiB"
+    info = machine_info()  # the retrieval benchmarks' reading of /proc/cpuinfo
+    return f"{info.get('cpu') or platform.processor()}, {info['nproc']} cores, {int(info.get('mem_gib', 0))} GiB"
 
 
 def _plain(value):
