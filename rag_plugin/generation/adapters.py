@@ -113,7 +113,7 @@ class RetrievingEncoder(FairseqEncoder):
         encoder_out, doc_scores, rows = self.rag.encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                         fixed_doc_scores)
         doc_lp = M.doc_log_prior(doc_scores.float())
-        self._retrieval = {"rows": rows, "doc_lp": doc_lp}
+        self._retrieval = {"rows": rows, "doc_lp": doc_lp, "doc_scores": doc_scores, "encoder_out": encoder_out}
         encoder_out["doc_lp"] = [doc_lp]
         return encoder_out
 
@@ -450,6 +450,10 @@ class RagGeneratorBase:
         self.rag = rag
         self.symbols_to_strip_from_output = {rag.bos, rag.eos}
         self._sentence_ids = SentenceIds()
+        #: the last batch's retrieval (``rows``, ``doc_lp``, and where the generator has them ``doc_scores``, the
+        #: logits, and ``encoder_out``, the B*K pairs encoded), for a caller that explains the answers
+        #: (rag_plugin/serving/explain.py) without retrieving and encoding again; replaced by the next batch
+        self.last_retrieval: Dict[str, Optional[torch.Tensor]] = {}
 
     def cuda(self):
         search = getattr(self, "search", None)
@@ -461,6 +465,7 @@ class RagGeneratorBase:
         with torch.inference_mode():
             hypos, retrieval = self._generate(models, sample, **kwargs)
         hypos = ordinary_tensors(hypos)
+        self.last_retrieval = retrieval
         rows, doc_lp = retrieval.get("rows"), retrieval.get("doc_lp")
         attach_retrieval(hypos, None if rows is None else rows.clone(), doc_lp.clone())
         return hypos

@@ -69,7 +69,8 @@ class RagSequenceGenerator(RagGeneratorBase):
         owner, cand_tokens, found = self._union(beams, b, k)
         token_lp = self._score(encoder_out, owner, cand_tokens, found, k)          # [C, K, T]
         positional = M.rag_sequence_positional_scores(token_lp, doc_lp.cpu()[owner])  # [C, T], on the host
-        return self._rank(owner, cand_tokens, positional, b), {"rows": rows, "doc_lp": doc_lp}
+        return self._rank(owner, cand_tokens, positional, b), {"rows": rows, "doc_lp": doc_lp,
+                                                                 "doc_scores": doc_scores, "encoder_out": encoder_out}
 
     @staticmethod
     def _union(beams, b: int, k: int):

@@ -138,13 +138,15 @@ class Engine:
         started = time.perf_counter()
         with self.reading(key.k):
             sample = self.sample(questions)
+            generator = self._generator(key)
             with torch.no_grad():
-                hypos = self._generator(key).generate([self.rag.model], sample)
+                hypos = generator.generate([self.rag.model], sample)
+            retrieval, generator.last_retrieval = getattr(generator, "last_retrieval", {}), {}  # not kept past here
             rows, doc_lp = retrieval_of(hypos)
             best = [h[0]["tokens"].cpu() for h in hypos]
             scores = post = tok_post = None
             if key.explain and rows is not None and self.variant != "fid":
-                scores, post, tok_post = self._explain(sample, best, rows, doc_lp, key)
+                scores, post, tok_post = self._explain(sample, best, rows, doc_lp, key, retrieval)
         version = self.version
         out = []
         for i, question in enumerate(questions):
@@ -156,16 +158,20 @@ class Engine:
                         "elapsed_ms": 1000.0 * (time.perf_counter() - started)})
         return out
 
-    def _explain(self, sample, best, rows, doc_lp, key: AnswerKey):
-        """Retrieval logits, p(z|x,y) and (RAG-Token) the per-token posterior; the same rows as the generator's."""
+    def _explain(self, sample, best, rows, doc_lp, key: AnswerKey, retrieval: dict):
+        """Retrieval logits, p(z|x,y) and (RAG-Token) the per-token posterior, over the generator's own retrieval
+        and encoded pairs (``retrieval``: its ``last_retrieval``)."""
         ni = sample["net_input"]
-        with torch.no_grad():
-            logits, again = self.rag.model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), key.k,
-                                                    ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"),
-                                                    ni["src_tokens"])
-        if not torch.equal(again.cpu(), rows.cpu()):  # nondeterministic retrieval would mislabel the passages
-            raise RuntimeError("retrieval differed between the answer and its explanation")
-        post, tok = explain.posteriors(self.rag.model, ni["src_tokens"], rows, doc_lp, best, key.decoding == "beam")
+        logits = retrieval.get("doc_scores")
+        if logits is None:  # a generator that keeps no retrieval of its own: retrieve again (the same rows)
+            with torch.no_grad():
+                logits, again = self.rag.model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), key.k,
+                                                        ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"),
+                                                        ni["src_tokens"])
+            if not torch.equal(again.cpu(), rows.cpu()):  # nondeterministic retrieval would mislabel the passages
+                raise RuntimeError("retrieval differed between the answer and its explanation")
+        post, tok = explain.posteriors(self.rag.model, ni["src_tokens"], rows, doc_lp, best, key.decoding == "beam",
+                                       retrieval.get("encoder_out"))
         return logits.float().cpu(), post, tok
 
     def _passages(self, i, rows, doc_lp, scores, post, tok_post) -> List[dict]:

@@ -31,12 +31,14 @@ def token_texts(tokenizer, tokens: List[int], eos: int) -> List[str]:
 
 @torch.inference_mode()
 def posteriors(rag, src_tokens: torch.Tensor, rows: torch.Tensor, doc_lp: torch.Tensor, best: List[torch.Tensor],
-               token_level: bool):
+               token_level: bool, encoder_out: Optional[dict] = None):
     """(posterior [B, K], token posterior [B, K, T] or None) of each question's answer ``best[i]`` (ending in
-    ``</s>``) over the passages ``rows`` [B, K] the generator read, ``doc_lp`` [B, K] their log p(z|x)."""
+    ``</s>``) over the passages ``rows`` [B, K] the generator read, ``doc_lp`` [B, K] their log p(z|x);
+    ``encoder_out``: the B*K pairs as the generator encoded them (None: encoded here)."""
     b, k = doc_lp.shape
-    src, lengths = rag.generator_inputs(src_tokens, rows.to(src_tokens.device))
-    encoder_out = rag.generator.encoder(src, src_lengths=lengths)
+    if encoder_out is None:
+        src, lengths = rag.generator_inputs(src_tokens, rows.to(src_tokens.device))
+        encoder_out = rag.generator.encoder(src, src_lengths=lengths)
     targets = [best[i] for i in range(b) for _ in range(k)]
     lp = teacher_forced_token_lp(rag, encoder_out, torch.arange(b * k), targets).view(b, k, -1).cpu().float()
     t = lp.size(-1)

@@ -30,6 +30,9 @@ def answer_with_tokens(engine, key, questions):
         def __init__(self, generator):
             self.generator = generator
 
+        def __getattr__(self, name):  # the generator's own (last_retrieval: what the explanation reads)
+            return getattr(self.generator, name)
+
         def generate(self, models, sample, **kw):
             hypos = self.generator.generate(models, sample, **kw)
             seen.extend(h[0]["tokens"].tolist() for h in hypos)

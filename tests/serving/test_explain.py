@@ -138,6 +138,38 @@ def test_rag_sequence_explanation_equals_brute_force(engines, decoding):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch, decoding", [("rag_token_tiny", "beam"), ("rag_seq_tiny", "fast")])
+def test_the_explanation_reads_the_generators_own_retrieval_or_retrieves_again_alike(engines, arch, decoding):
+    """The explanation reads the generator's retrieval and encoded pairs (``last_retrieval``); over a generator
+    that keeps none it retrieves and encodes again: the same numbers."""
+    engine = engines[arch]
+    key = AnswerKey(k=3, decoding=decoding, beam=2, max_len=6, explain=True)
+    own = engine.answer(key, QUESTIONS[:3])
+    generator = engine._generator(key)
+    assert {"rows", "doc_lp", "doc_scores", "encoder_out"} <= set(generator.last_retrieval) or \
+        generator.last_retrieval == {}  # the engine lets the batch's go once it is read
+
+    class Forgetful:  # the generator without a retrieval of its own
+        def generate(self, models, sample, **kw):
+            return generator.generate(models, sample, **kw)
+
+    engine._generator = lambda k: Forgetful()
+    try:
+        again = engine.answer(key, QUESTIONS[:3])
+    finally:
+        del engine._generator
+    for a, b in zip(own, again):
+        assert a["answer"] == b["answer"]
+        for p, q in zip(a["passages"], b["passages"]):
+            assert p["id"] == q["id"]
+            for field in ("retrieval_score", "prior", "posterior"):
+                assert p[field] == pytest.approx(q[field], rel=1e-5, abs=TOL), field
+        if a["token_posterior"] is not None:
+            for row, other in zip(a["token_posterior"]["posterior"], b["token_posterior"]["posterior"]):
+                assert row == pytest.approx(other, abs=TOL)
+
+
+@pytest.mark.slow
 def test_without_explain_the_numbers_are_left_out(engines):
     engine = engines["rag_token_tiny"]
     (response,) = engine.answer(AnswerKey(k=3, decoding="beam", beam=2, max_len=6, explain=False), QUESTIONS[:1])
