@@ -450,9 +450,11 @@ class RagGeneratorBase:
         self.rag = rag
         self.symbols_to_strip_from_output = {rag.bos, rag.eos}
         self._sentence_ids = SentenceIds()
-        #: the last batch's retrieval (``rows``, ``doc_lp``, and where the generator has them ``doc_scores``, the
+        #: with ``keep_retrieval`` (off: fairseq-generate would hold a batch's encoder output into the next), the
+        #: last batch's retrieval (``rows``, ``doc_lp``, and where the generator has them ``doc_scores``, the
         #: logits, and ``encoder_out``, the B*K pairs encoded), for a caller that explains the answers
         #: (rag_plugin/serving/explain.py) without retrieving and encoding again; replaced by the next batch
+        self.keep_retrieval = False
         self.last_retrieval: Dict[str, Optional[torch.Tensor]] = {}
 
     def cuda(self):
@@ -465,7 +467,7 @@ class RagGeneratorBase:
         with torch.inference_mode():
             hypos, retrieval = self._generate(models, sample, **kwargs)
         hypos = ordinary_tensors(hypos)
-        self.last_retrieval = retrieval
+        self.last_retrieval = retrieval if self.keep_retrieval else {}
         rows, doc_lp = retrieval.get("rows"), retrieval.get("doc_lp")
         attach_retrieval(hypos, None if rows is None else rows.clone(), doc_lp.clone())
         return hypos

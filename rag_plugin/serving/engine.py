@@ -117,7 +117,9 @@ class Engine:
             if self.variant == "sequence":
                 task.cfg.rag_decoding = key.decoding
             try:
-                self._generators[gen_key] = task.build_generator([self.rag.model], args)
+                generator = task.build_generator([self.rag.model], args)
+                generator.keep_retrieval = True  # the explanation reads its retrieval and encoded pairs
+                self._generators[gen_key] = generator
             finally:
                 task.cfg.rag_decoding = saved
         return self._generators[gen_key]
