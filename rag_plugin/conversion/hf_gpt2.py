@@ -39,7 +39,6 @@ distribution over fairseq's whole vocabulary equals GPT-2's exactly once ids 0, 
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +48,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from rag_plugin.conversion.hf_rag import write_fairseq_checkpoint
+from rag_plugin.conversion.hf_rag_folder import read_json
 from rag_plugin.util.errors import UserError
-from rag_plugin.util.io import atomic_directory, atomic_path, atomic_write_json, atomic_write_text
+from rag_plugin.util.io import atomic_directory, atomic_write_json, atomic_write_text
 
 FORMAT = "rag_plugin.hf_gpt2_conversion/1"
 #: fairseq's special ids, fixed by its Dictionary
@@ -90,15 +91,7 @@ class Gpt2Folder:
 
 
 def _read_json(path: Path, fix: str) -> dict:
-    if not path.is_file():
-        raise UserError("file not found", path=str(path), fix=fix)
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"not valid JSON ({str(err)[:120]})", path=str(path)) from None
-    if not isinstance(value, dict):
-        raise UserError("expected a JSON object", path=str(path))
-    return value
+    return read_json(path, fix)  # the conversions' one JSON reader
 
 
 def _checks(cfg: dict) -> dict:
@@ -294,19 +287,7 @@ def build_model(folder: Path, cfg: dict, state: Dict[str, torch.Tensor], where: 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, cfg: dict) -> None:
     """A fairseq checkpoint of ``model`` (no optimizer state), atomically."""
-    state = {
-        "args": None,
-        "cfg": cfg,
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "criterion": None,
-        "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "none",
-                               "lr_scheduler_state": {}, "num_updates": 0}],
-        "task_state": {},
-        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}},
-        "last_optimizer_state": None,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    write_fairseq_checkpoint(path, model, cfg, "CrossEntropyCriterion")
 
 
 # ---------------------------------------------------------------------------------- the conversion

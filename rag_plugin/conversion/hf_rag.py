@@ -174,12 +174,18 @@ def checkpoint_config(model_cfg, n_docs: int, knowledge: str) -> dict:
 
 def save_checkpoint(path: Path, model: torch.nn.Module, model_cfg, n_docs: int, knowledge: str) -> None:
     """A fairseq checkpoint of ``model`` (no optimizer state), atomically."""
+    write_fairseq_checkpoint(path, model, checkpoint_config(model_cfg, n_docs, knowledge), "MarginalNLLCriterion")
+
+
+def write_fairseq_checkpoint(path: Path, model: torch.nn.Module, cfg: dict, criterion: str) -> None:
+    """``model``'s weights and ``cfg`` as fairseq writes a checkpoint (no optimizer state), atomically: what
+    ``checkpoint_utils.load_model_ensemble_and_task`` reads, under ``weights_only=True``."""
     state = {
         "args": None,
-        "cfg": checkpoint_config(model_cfg, n_docs, knowledge),
+        "cfg": cfg,
         "model": {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in model.state_dict().items()},
         "criterion": None,
-        "optimizer_history": [{"criterion_name": "MarginalNLLCriterion", "optimizer_name": "none",
+        "optimizer_history": [{"criterion_name": criterion, "optimizer_name": "none",
                                "lr_scheduler_state": {}, "num_updates": 0}],
         "task_state": {},
         "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}},

@@ -63,10 +63,11 @@ class RagFolder:
 
 
 # ---------------------------------------------------------------------------------- files
-def read_json(path: Path) -> dict:
-    """A JSON object from ``path``; a missing or malformed file is a one-line error."""
+def read_json(path: Path, fix: str = "point --hf-dir at a save_pretrained RAG folder") -> dict:
+    """A JSON object from ``path``; a missing or malformed file is a one-line error (``fix``: what to do when it is
+    missing)."""
     if not path.is_file():
-        raise UserError("file not found", path=str(path), fix="point --hf-dir at a save_pretrained RAG folder")
+        raise UserError("file not found", path=str(path), fix=fix)
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
