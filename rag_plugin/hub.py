@@ -137,16 +137,22 @@ class RAG:
         doc_encoder.check_document_agreement(self.model, just_loaded=False)
         return version
 
+    def sample(self, questions: Sequence[str]) -> dict:
+        """``questions`` as one batch of the task's dataset, on the model's device (a model moved to a GPU)."""
+        from fairseq import utils  # loaded by from_pretrained already
+
+        dataset = self.task.build_dataset(list(questions))
+        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+        device = self.device
+        return utils.apply_to_sample(lambda t: t.to(device), sample)
+
     def search(self, questions: Sequence[str]):
         """The passages the model reads for ``questions`` (its own first stage and reranker, exactly as generation
         retrieves them): a :class:`~rag_plugin.retrieval.retriever.Retrieval` of K rows each, best first (-1 where
         fewer were found); its scores are the logits of p(z|x)."""
         from rag_plugin.reranking.late_interaction import found
 
-        dataset = self.task.build_dataset(list(questions))
-        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
-        device, model = self.device, self.model
-        ni = {key: (v.to(device) if torch.is_tensor(v) else v) for key, v in sample["net_input"].items()}
+        model, ni = self.model, self.sample(questions)["net_input"]
         with torch.no_grad():
             scores, rows = model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), model.n_docs,
                                           ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"), ni["src_tokens"])
@@ -162,22 +168,18 @@ class RAG:
 
         ``score``: the answer's (length-normalised) log-probability in nats, as fairseq's generators
         return it; fairseq-generate prints the same number in base 2 (divided by ln 2)."""
-        from fairseq import utils  # loaded by from_pretrained already
         from fairseq.dataclass.configs import GenerationConfig  # loaded by from_pretrained already
 
         from rag_plugin.generation.adapters import retrieval_of  # imports fairseq
 
         args = GenerationConfig(beam=beam, nbest=nbest, max_len_a=0, max_len_b=max_len_b, lenpen=lenpen, **generation)
         generator = self.task.build_generator([self.model], args)
-        device = self.device
         store = self.task.knowledge.passages
         results: List[dict] = []
         questions = list(questions)
         for start in range(0, len(questions), batch_size):
             chunk = questions[start:start + batch_size]
-            dataset = self.task.build_dataset(chunk)
-            sample = dataset.collater([dataset[i] for i in range(len(dataset))])
-            sample = utils.apply_to_sample(lambda t: t.to(device), sample)  # a model moved to a GPU
+            sample = self.sample(chunk)
             with torch.no_grad():
                 hypos = generator.generate([self.model], sample)
             rows, doc_lp = retrieval_of(hypos)

@@ -99,9 +99,14 @@ def checkpoint_load_error(path, err: BaseException, what: str = "checkpoint",
 
 
 def checkpoint_task_options(path: str) -> dict:
-    """The task options a checkpoint was trained with (``--reranker``, ``--retriever``, ``--n-docs``...), read from
-    its config alone: the tensors stay on disk (mapped), under the plugin's allow-list. A missing, damaged or unsafe
-    file is a one-line :class:`UserError`."""
+    """The task options a checkpoint was trained with (``--reranker``, ``--retriever``, ``--n-docs``...)."""
+    return checkpoint_config_section(path, "task")
+
+
+def checkpoint_config_section(path: str, section: str) -> dict:
+    """One section of a checkpoint's config (``task``, ``model``...), read from its config alone: the tensors stay on
+    disk (mapped), under the plugin's allow-list. A missing, damaged or unsafe file is a one-line
+    :class:`UserError`."""
     if not Path(path).is_file():
         raise UserError("checkpoint not found", path=path, fix="pass the path of a checkpoint*.pt")
     try:
@@ -112,7 +117,7 @@ def checkpoint_task_options(path: str) -> dict:
                 if "zipfile" not in str(err):
                     raise
                 state = torch.load(path, map_location="cpu", weights_only=True)
-        return dict((state.get("cfg") or {})["task"])
+        return dict((state.get("cfg") or {})[section])
     except UserError:
         raise
     except Exception as err:  # torch: UnpicklingError / RuntimeError / EOFError; no config: KeyError, TypeError
