@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
@@ -110,10 +109,7 @@ class Service:
     def answer_job(self, req: AnswerRequest) -> Job:
         e = self.engine
         check_answer(req, self.settings, e.variant, e.max_k)
-        return Job(run=self._answer, key=e.key(req), payload=req.question, size=1, limit=self.settings.max_batch)
-
-    def _answer(self, key, questions):
-        return self.engine.answer(key, questions)
+        return Job(run=e.answer, key=e.key(req), payload=req.question, size=1, limit=self.settings.max_batch)
 
     def search_job(self, req: SearchRequest) -> Job:
         s, searcher = self.settings, self.engine.searcher
@@ -228,12 +224,6 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request, err: HTTPException):
         return error(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, err: RequestValidationError):
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"][1:]) or None
-        return error(422, f"{where}: {first['msg']}" if where else first["msg"], where)
 
     @app.exception_handler(Exception)
     async def internal(request, err: Exception):

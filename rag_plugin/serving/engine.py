@@ -9,14 +9,15 @@ rounding (a padded batch multiplies matrices of another shape)."""
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, get_args
 
 import torch
 
 from rag_plugin.serving import explain
-from rag_plugin.serving.schemas import DECODINGS, AnswerRequest
+from rag_plugin.serving.schemas import DECODINGS, AnswerRequest, Reranker, Retriever
 from rag_plugin.serving.settings import ServeSettings
 from rag_plugin.util.errors import UserError
+from rag_plugin.util.safe_load import checkpoint_config_section
 
 #: a request's beam and answer length when it gives none (capped by --max-beam, --max-len): the hub's defaults
 DEFAULT_BEAM, DEFAULT_MAX_LEN = 4, 64
@@ -40,18 +41,6 @@ def load_model(s: ServeSettings):
     return RAG.from_pretrained(s.path, knowledge=s.knowledge, n_docs=s.n_docs, device=s.device)
 
 
-def checkpoint_arch(path: str) -> str:
-    """The --arch a checkpoint was trained with (its config's model name), read mapped under the allow-list."""
-    from rag_plugin.util.safe_load import checkpoint_types_allowed
-
-    try:
-        with checkpoint_types_allowed():
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return str(state["cfg"]["model"]["_name"])
-    except Exception:  # a legacy (unmappable) file: the arch is only shown, never used
-        return "unknown"
-
-
 class Engine:
     def __init__(self, rag, settings: ServeSettings):
         self.rag, self.settings = rag, settings
@@ -65,7 +54,7 @@ class Engine:
         if self.default_k > self.max_k:
             raise UserError(f"the default K {self.default_k} is above --max-k {self.max_k}", path=settings.path,
                             fix=f"pass --max-k {self.default_k} or more, or --n-docs {self.max_k} or fewer")
-        self.arch = checkpoint_arch(settings.path)
+        self.arch = str(checkpoint_config_section(settings.path, "model").get("_name") or "unknown")  # --arch
         self.default_decoding = {"token": "beam", "fid": "fid"}.get(self.variant, str(rag.task.cfg.rag_decoding))
         self._generators: Dict[Tuple, object] = {}
         from rag_plugin.serving.search import Searcher  # light: retrievers are built on first use
@@ -124,14 +113,6 @@ class Engine:
                 task.cfg.rag_decoding = saved
         return self._generators[gen_key]
 
-    def sample(self, questions: List[str]):
-        from fairseq import utils  # loaded with the model
-
-        dataset = self.rag.task.build_dataset(list(questions))
-        sample = dataset.collater([dataset[i] for i in range(len(dataset))])
-        device = self.rag.device
-        return utils.apply_to_sample(lambda t: t.to(device), sample)
-
     # ------------------------------------------------------------------ answers
     def answer(self, key: AnswerKey, questions: List[str]) -> List[dict]:
         """One generator call for every question of the batch; one response body each."""
@@ -139,59 +120,43 @@ class Engine:
 
         started = time.perf_counter()
         with self.reading(key.k):
-            sample = self.sample(questions)
+            sample = self.rag.sample(questions)
             generator = self._generator(key)
             with torch.no_grad():
                 hypos = generator.generate([self.rag.model], sample)
-            retrieval, generator.last_retrieval = getattr(generator, "last_retrieval", {}), {}  # not kept past here
+            retrieval, generator.last_retrieval = generator.last_retrieval, {}  # not kept past this batch
             rows, doc_lp = retrieval_of(hypos)
             best = [h[0]["tokens"].cpu() for h in hypos]
             scores = post = tok_post = None
             if key.explain and rows is not None and self.variant != "fid":
-                scores, post, tok_post = self._explain(sample, best, rows, doc_lp, key, retrieval)
+                post, tok_post = explain.posteriors(self.rag.model, retrieval["encoder_out"], doc_lp, best,
+                                                    key.decoding == "beam")
+                scores = retrieval["doc_scores"].float().cpu()
         version = self.version
+        prior = None if rows is None else doc_lp.float().exp()  # p(z|x) [B, K]
         out = []
         for i, question in enumerate(questions):
+            # the passages by p(z|x), best first; the token posterior's rows in the same order
+            order = [] if prior is None else torch.argsort(prior[i], descending=True, stable=True).tolist()
             out.append({"question": question, "answer": self.rag.tokenizer.decode(best[i].tolist()),
                         "score": float(hypos[i][0]["score"]), "decoding": key.decoding, "k": key.k,
                         "knowledge_version": version,
-                        "passages": self._passages(i, rows, doc_lp, scores, post, tok_post),
-                        "token_posterior": self._token_posterior(i, best, tok_post, rows, doc_lp),
+                        "passages": self._passages(i, order, rows, prior, scores, post),
+                        "token_posterior": self._token_posterior(i, order, best, tok_post),
                         "elapsed_ms": 1000.0 * (time.perf_counter() - started)})
         return out
 
-    def _explain(self, sample, best, rows, doc_lp, key: AnswerKey, retrieval: dict):
-        """Retrieval logits, p(z|x,y) and (RAG-Token) the per-token posterior, over the generator's own retrieval
-        and encoded pairs (``retrieval``: its ``last_retrieval``)."""
-        ni = sample["net_input"]
-        logits = retrieval.get("doc_scores")
-        if logits is None:  # a generator that keeps no retrieval of its own: retrieve again (the same rows)
-            with torch.no_grad():
-                logits, again = self.rag.model.retrieve(ni.get("query_tokens"), ni.get("query_mask"), key.k,
-                                                        ni.get("fixed_doc_rows"), ni.get("fixed_doc_scores"),
-                                                        ni["src_tokens"])
-            if not torch.equal(again.cpu(), rows.cpu()):  # nondeterministic retrieval would mislabel the passages
-                raise RuntimeError("retrieval differed between the answer and its explanation")
-        post, tok = explain.posteriors(self.rag.model, ni["src_tokens"], rows, doc_lp, best, key.decoding == "beam",
-                                       retrieval.get("encoder_out"))
-        return logits.float().cpu(), post, tok
-
-    def _passages(self, i, rows, doc_lp, scores, post, tok_post) -> List[dict]:
-        if rows is None:
-            return []
+    def _passages(self, i, order, rows, prior, scores, post) -> List[dict]:
         store = self.rag.task.knowledge.passages
-        prior = doc_lp[i].float().exp()
-        order = torch.argsort(prior, descending=True, stable=True).tolist()
         return [{"rank": r, "id": store.id(int(rows[i, k])), "title": store.title(int(rows[i, k])),
                  "text": store.text(int(rows[i, k])),
                  "retrieval_score": None if scores is None else float(scores[i, k]),
-                 "prior": float(prior[k]), "posterior": None if post is None else float(post[i, k])}
+                 "prior": float(prior[i, k]), "posterior": None if post is None else float(post[i, k])}
                 for r, k in enumerate(order)]
 
-    def _token_posterior(self, i, best, tok_post, rows, doc_lp):
+    def _token_posterior(self, i, order, best, tok_post):
         if tok_post is None:
             return None
-        order = torch.argsort(doc_lp[i].float().exp(), descending=True, stable=True).tolist()
         n = len(best[i])
         tokens = explain.token_texts(self.rag.tokenizer, best[i].tolist(), self.rag.model.eos)
         return {"tokens": tokens, "posterior": [[float(v) for v in tok_post[i, k, :n]] for k in order]}
@@ -211,7 +176,7 @@ class Engine:
                 "decodings": list(DECODINGS[self.variant]), "default_decoding": self.default_decoding,
                 "max_beam": s.max_beam, "max_len": s.max_len, "max_question_chars": s.max_question_chars,
                 "max_batch": s.max_batch, "max_queries": s.max_queries,
-                "retrievers": ["model", "dense", "bm25", "hybrid"], "rerankers": ["maxsim"],
+                "retrievers": list(get_args(Retriever)), "rerankers": list(get_args(Reranker)),
                 "reranker": None if self.rag.model.reranker is None else str(task.cfg.reranker),
                 "knowledge": {"path": str(knowledge.root), "version": self.version, "passages": len(knowledge),
                               "encoder": str(knowledge.encoder_spec),

@@ -1,5 +1,6 @@
 """Why a model answered what it did: each passage's posterior given the answer, and RAG-Token's per-token posterior
-over the passages (the paper's Figure 2), by teacher-forcing the answer through every (question, passage) pair once.
+over the passages (the paper's Figure 2), by teacher-forcing the answer through the decoder over every (question,
+passage) pair the generator encoded.
 
 ``posterior`` p(z | x, y) ∝ p(z | x) p(y | x, z) is the passage's share of the whole answer (RAG-Sequence's own
 posterior); ``token_posterior`` p(z | x, y_t, y<t) is RAG-Token's, per answer token. Both with the marginalisation
@@ -30,15 +31,11 @@ def token_texts(tokenizer, tokens: List[int], eos: int) -> List[str]:
 
 
 @torch.inference_mode()
-def posteriors(rag, src_tokens: torch.Tensor, rows: torch.Tensor, doc_lp: torch.Tensor, best: List[torch.Tensor],
-               token_level: bool, encoder_out: Optional[dict] = None):
+def posteriors(rag, encoder_out: dict, doc_lp: torch.Tensor, best: List[torch.Tensor], token_level: bool):
     """(posterior [B, K], token posterior [B, K, T] or None) of each question's answer ``best[i]`` (ending in
-    ``</s>``) over the passages ``rows`` [B, K] the generator read, ``doc_lp`` [B, K] their log p(z|x);
-    ``encoder_out``: the B*K pairs as the generator encoded them (None: encoded here)."""
+    ``</s>``) over the K passages the generator read: ``encoder_out``, the B*K (question, passage) pairs as the
+    generator encoded them (its ``last_retrieval``), ``doc_lp`` [B, K] their log p(z|x)."""
     b, k = doc_lp.shape
-    if encoder_out is None:
-        src, lengths = rag.generator_inputs(src_tokens, rows.to(src_tokens.device))
-        encoder_out = rag.generator.encoder(src, src_lengths=lengths)
     targets = [best[i] for i in range(b) for _ in range(k)]
     lp = teacher_forced_token_lp(rag, encoder_out, torch.arange(b * k), targets).view(b, k, -1).cpu().float()
     t = lp.size(-1)

@@ -11,6 +11,7 @@ from rag_plugin.serving.settings import ServeSettings
 Decoding = Literal["beam", "thorough", "fast", "fid"]
 DECODINGS = {"token": ("beam",), "sequence": ("thorough", "fast"), "fid": ("fid",)}
 Retriever = Literal["model", "dense", "bm25", "hybrid"]
+Reranker = Literal["maxsim"]
 
 
 class BadRequest(Exception):
@@ -39,7 +40,7 @@ class SearchRequest(_Strict):
     k: int = Field(5, description="hits per query")
     retriever: Retriever = Field("model", description="model: the checkpoint's own retrieval (its query encoder and "
                                                       "reranker); dense, bm25, hybrid: the knowledge source's")
-    rerank: Optional[Literal["maxsim"]] = Field(None, description="rerank the first stage's candidates (dense, bm25, "
+    rerank: Optional[Reranker] = Field(None, description="rerank the first stage's candidates (dense, bm25, "
                                                                    "hybrid) with zero-shot MaxSim")
     rerank_candidates: Optional[int] = Field(None, description="L, the first stage's candidates reranked (default 20)")
 
