@@ -4,8 +4,8 @@ Each worker loads the model itself (its weights are its own) and opens the knowl
 mapped shared (``KnowledgeSource``'s default), so the index's pages are the node's page cache, held once however
 many workers read them; each takes its share of the cores for torch. A reload asked of one worker reaches the
 others through a stamp file (``ServeSettings.reload_stamp``). The parent restarts a worker that dies while
-serving, stops when one fails to start (its error is in the log), and on SIGTERM/SIGINT passes SIGTERM on, waits
-for every worker to finish its requests, and returns 0."""
+serving, stops when one fails to start (its one-line error becomes the command's), and on SIGTERM/SIGINT passes
+SIGTERM on, waits for every worker to finish its requests, and returns 0."""
 import logging
 import multiprocessing
 import os
@@ -15,16 +15,17 @@ import threading
 from dataclasses import replace
 
 from rag_plugin.serving.settings import ServeSettings
+from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger("rag_plugin.serving")
 #: a worker's exit status when it could not start (bad checkpoint, knowledge source...): not restarted
 STARTUP_FAILED = 3
 
 
-def worker_main(settings_dict: dict, sock) -> None:
-    """A worker process: one line and STARTUP_FAILED when the model cannot be loaded; otherwise serve."""
+def worker_main(settings_dict: dict, sock, errors) -> None:
+    """A worker process: its one-line error into ``errors`` (a queue the parent reads) and STARTUP_FAILED when the
+    model cannot be loaded; otherwise serve."""
     from rag_plugin.serving.server import Stop, build_engine, serve
-    from rag_plugin.util.errors import UserError
     from rag_plugin.util.quiet_import import import_fairseq_quietly
 
     Stop().install()
@@ -34,7 +35,7 @@ def worker_main(settings_dict: dict, sock) -> None:
     try:
         engine = build_engine(settings)
     except UserError as err:
-        logger.error("worker %d cannot start: %s", os.getpid(), err.render())
+        errors.put(err.render())
         raise SystemExit(STARTUP_FAILED) from None
     serve(settings, sock, engine)
 
@@ -48,8 +49,10 @@ def supervise(settings: ServeSettings, sock) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
 
+    errors = ctx.SimpleQueue()
+
     def start():
-        proc = ctx.Process(target=worker_main, args=(settings.to_dict(), sock), name="rag-serve-worker")
+        proc = ctx.Process(target=worker_main, args=(settings.to_dict(), sock, errors), name="rag-serve-worker")
         proc.start()
         return proc
 
@@ -61,7 +64,6 @@ def supervise(settings: ServeSettings, sock) -> int:
                 if proc.is_alive():
                     continue
                 if proc.exitcode == STARTUP_FAILED:
-                    logger.error("a worker could not start (above); stopping")
                     failed = True
                     stopping.set()
                     break
@@ -74,4 +76,6 @@ def supervise(settings: ServeSettings, sock) -> int:
         for proc in procs:
             proc.join()
         os.unlink(stamp.name)
-    return 1 if failed else 0
+    if failed:  # the first worker's error, one line (every worker fails alike)
+        raise UserError(f"a worker could not start: {errors.get()}")
+    return 0

@@ -10,6 +10,7 @@ fixture below: its last test stops it with SIGTERM), a --timeout one, a --worker
 import http.client
 import json
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_one_line_error
 from tests.serving.live import ROOT, LiveServer
 
 pytestmark = pytest.mark.slow
@@ -497,3 +499,12 @@ def test_port_in_use_is_a_one_line_error(trained):
     assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
     assert errors[0].startswith("error: cannot listen on 127.0.0.1:") and f":{port} " in errors[0], errors
     assert "rag-serve: serving" not in proc.stdout
+
+
+def test_a_worker_that_cannot_start_is_the_commands_one_line_error(trained, tmp_path):
+    """--workers 2 over a knowledge source that is not there: the workers' error, one line, exit 2."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "rag-serve"), "--path", str(trained["rag_token_tiny"]),
+                           "--knowledge", str(tmp_path / "no_ks"), "--port", "0", "--workers", "2"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert_one_line_error(proc, "a worker could not start", str(tmp_path / "no_ks"), "rag-build-knowledge")
