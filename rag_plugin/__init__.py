@@ -1,7 +1,7 @@
 """rag_plugin: Retrieval-Augmented Generation (Lewis et al., 2020) as a fairseq plugin.
 
 Importing the package only registers the plugin's fairseq parts (task ``retrieval_augmented``,
-models ``rag_token``/``rag_seq``, criterion ``marginal_nll``, optimizer ``torch_adamw``), and only
+models ``rag_token``/``rag_seq`` (and ``rag_lm_token``/``rag_lm_seq``, decoder-only readers), criterion ``marginal_nll``, optimizer ``torch_adamw``), and only
 when fairseq is already imported (``--user-dir rag_plugin`` imports this package; fairseq then
 imports ``tasks/`` and ``models/`` itself). The retrieval package (:mod:`rag_plugin.retrieval`)
 needs no fairseq and is not imported here.
@@ -26,6 +26,7 @@ def register() -> None:
     import rag_plugin.criterions.reader_cross_entropy  # noqa: F401  (registers reader_cross_entropy)
     import rag_plugin.models.fid  # noqa: F401  (registers fid and its archs)
     import rag_plugin.models.rag  # noqa: F401  (registers rag_token, rag_seq and their archs)
+    import rag_plugin.models.rag_lm  # noqa: F401  (registers rag_lm_token, rag_lm_seq and their archs)
     import rag_plugin.optim.torch_adamw  # noqa: F401  (registers torch_adamw)
     import rag_plugin.tasks.retrieval_augmented  # noqa: F401  (registers retrieval_augmented)
 

@@ -65,7 +65,13 @@ def main(argv=None):
     demo = Demo(runner, work, stages)
     demo.data_and_knowledge()
     pretrained = demo.pretrain(args.pretrain_updates, args.pseudo_updates)
-    checkpoints = demo.train_systems(args.updates, init=pretrained, systems=selection.trained(stages))
+    trained = selection.trained(stages)
+    lm_init = None
+    if any(stage.get("init") == "lm" for stage in trained.values()):  # a decoder-only reader runs (issue 37)
+        from demo_run.decoder_only import pretrain_lm
+
+        lm_init = pretrain_lm(demo, args.pretrain_updates, args.pseudo_updates)
+    checkpoints = demo.train_systems(args.updates, init=pretrained, systems=trained, lm_init=lm_init)
     demo.leaderboard(checkpoints)
     demo.k_sweep(checkpoints, [int(k) for k in args.sweep.split(",")])
     if selection.hot_swap(stages):

@@ -1,15 +1,20 @@
 """rag-pretraining-data: self-supervised pretraining records (train/valid KILT JSONL) from a
 knowledge source's passages.
 
-    rag-pretraining-data --knowledge KS_DIR --out DIR [--objective denoise|pseudo-questions]
+    rag-pretraining-data --knowledge KS_DIR --out DIR [--objective denoise|pseudo-questions|lm]
         [--valid 200] [--max-words 32] [--seed 0]
 
 denoise: reconstruct a corrupted passage (BART's objective in miniature), trained closed book;
 pseudo-questions: a run of a passage's words -> its title, or the words that follow them, trained
-with retrieval. Then pretrain a generator and start RAG models from it:
+with retrieval; lm: the passages as a language model reads them (``title </s> text``, one per line, in the
+knowledge source's generator tokens), binarized for fairseq's own ``language_modeling`` task (train/valid
+.bin/.idx and dict.txt), to pretrain a decoder-only reader (rag_lm_*). Then pretrain a generator and start RAG
+models from it:
 
     fairseq-train DIR --task retrieval_augmented --knowledge KS_DIR --n-docs 0 ... --save-dir PRE
     fairseq-train DATA ... --generator-checkpoint PRE/checkpoint_last.pt
+    fairseq-train DIR --task language_modeling --arch transformer_lm_rag_tiny --sample-break-mode eos \
+        --user-dir rag_plugin ... --save-dir PRE_LM                                      (--objective lm)
 """
 from __future__ import annotations
 
@@ -29,8 +34,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--valid", type=int, default=200, help="records held out for validation")
     p.add_argument("--max-words", type=int, default=32, help="words of each passage to reconstruct (denoise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the corruption, the questions and the shuffle")
-    p.add_argument("--objective", choices=("denoise", "pseudo-questions"), default="denoise",
-                   help="denoise (reconstruct corrupted passages) or pseudo-questions (a run of words -> title)")
+    p.add_argument("--objective", choices=("denoise", "pseudo-questions", "lm"), default="denoise",
+                   help="denoise (reconstruct corrupted passages), pseudo-questions (a run of words -> title) or "
+                        "lm (the passages, binarized for fairseq's language_modeling task)")
     return p
 
 
@@ -40,7 +46,14 @@ def main(argv=None) -> int:
     from rag_plugin.datasets.denoising import denoising_records, pseudo_question_records  # start-up: numpy
     from rag_plugin.retrieval.knowledge import KnowledgeSource  # start-up: numpy; --help stays light
 
-    store = KnowledgeSource(args.knowledge).passages
+    knowledge = KnowledgeSource(args.knowledge)
+    if args.objective == "lm":
+        from rag_plugin.datasets.lm_passages import write_lm_passages
+
+        train, valid = write_lm_passages(knowledge, Path(args.out), args.valid, args.seed)
+        print(f"{args.out}: {train} train, {valid} valid passages (fairseq language_modeling data)")
+        return 0
+    store = knowledge.passages
     passages = (store.passage(r) for r in range(len(store)))
     if args.objective == "denoise":
         records = denoising_records(passages, args.seed, args.max_words)

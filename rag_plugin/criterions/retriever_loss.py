@@ -34,6 +34,9 @@ class RetrieverLossConfig(FairseqDataclass):
         "help": "--retriever-loss compares its target with softmax(doc scores / this)"})
     retriever_target_temperature: float = field(default=1.0, metadata={
         "help": "the distillation target (pdist, adist, loop) is softmax(target logits / this)"})
+    retriever_loss_only: bool = field(default=False, metadata={
+        "help": "train on --retriever-loss alone (the reader's loss logged, not trained): with --freeze-generator "
+                "and pdist, REPLUG's LM-supervised retrieval"})
 
 
 def check_loss_options(cfg) -> None:
@@ -50,6 +53,9 @@ def check_loss_options(cfg) -> None:
     if not float(cfg.retriever_target_temperature) > 0:
         raise UserError(f"--retriever-target-temperature {cfg.retriever_target_temperature} must be positive",
                         fix="e.g. 1 or 0.1")
+    if getattr(cfg, "retriever_loss_only", False) and int(cfg.retriever_loss_start) > 0:
+        raise UserError("--retriever-loss-only trains nothing before --retriever-loss-start",
+                        fix="leave --retriever-loss-start at 0 with --retriever-loss-only")
 
 
 class AddsRetrieverLoss:
@@ -64,6 +70,10 @@ class AddsRetrieverLoss:
         self.retriever_temperature = float(cfg.retriever_temperature)
         self.retriever_target_temperature = float(cfg.retriever_target_temperature)
         self.retriever_loss_start = int(cfg.retriever_loss_start)
+        #: --retriever-loss-only: the reader's loss joins with weight 0 (logged; every parameter still gets a gradient)
+        self.retriever_loss_only = bool(getattr(cfg, "retriever_loss_only", False))
+        if self.retriever_loss_only and self.retriever_loss == "none":
+            raise UserError("--retriever-loss-only needs a --retriever-loss to train", fix="add --retriever-loss pdist")
         self.update_num = 0
 
     def set_update(self, update_num: int) -> None:
@@ -77,9 +87,12 @@ class AddsRetrieverLoss:
         Before the start it joins with weight 0: the parts only it trains (FiD's query encoder) get a zero
         gradient rather than none, as in every step. torch's DistributedDataParallel (``--ddp-backend
         pytorch_ddp``, ``find_unused_parameters=False``) stops at the next update on a parameter without one,
-        and fairseq's ``legacy_ddp`` fills zeros in anyway: the optimizer sees the same gradients either way."""
+        and fairseq's ``legacy_ddp`` fills zeros in anyway: the optimizer sees the same gradients either way.
+        With ``--retriever-loss-only`` the reader's loss joins with weight 0 in the same way."""
         if self.update_num < self.retriever_loss_start:
             return loss + retriever * 0.0
+        if self.retriever_loss_only:
+            loss = loss * 0.0
         return loss + retriever * (self.retriever_loss_weight * sample_size / max(nsentences, 1))
 
 

@@ -58,11 +58,13 @@ def install() -> bool:
     from rag_plugin.fairseq_hooks.generate_output import install_generate_output
     from rag_plugin.fairseq_hooks.mixed_precision import install_mixed_precision
     from rag_plugin.fairseq_hooks.noise import quiet_dependency_noise
+    from rag_plugin.fairseq_hooks.numpy_compat import install_numpy_compat
     from rag_plugin.fairseq_hooks.option_errors import refuse_bad_update_freq
     from rag_plugin.fairseq_hooks.threads import choose_threads
     from rag_plugin.fairseq_hooks.usage_errors import install_fairseq_usage_errors, install_full_help
 
     quiet_dependency_noise()
+    install_numpy_compat()
     allow_fairseq_checkpoints()
     guard_fairseq_checkpoints()
     bound_collective_waits()

@@ -6,6 +6,7 @@ import logging
 
 from rag_plugin.generation.fid import build_fid_generator
 from rag_plugin.generation.options import refuse_unsupported
+from rag_plugin.generation.rag_lm import LMRagSequenceGenerator, LMRagTokenGenerator
 from rag_plugin.generation.rag_sequence import RagSequenceGenerator
 from rag_plugin.generation.rag_token import RagTokenGenerator
 from rag_plugin.generation.scorer import RagScorer
@@ -28,13 +29,15 @@ def build_generator(task, models, args, extra_gen_cls_kwargs=None, prefix_allowe
             raise UserError("prefix_allowed_tokens_fn constrains a search; --score-reference does not search",
                             fix="leave prefix_allowed_tokens_fn out when scoring references")
         return RagScorer(model)
+    decoder_only = getattr(model, "decoder_only", False)  # rag_lm_*: the same searches over the LM's adapters
     if model.variant == "token":
         if task.cfg.rag_decoding == "fast":
             logger.warning("--rag-decoding fast applies to RAG-Sequence; this rag_token checkpoint decodes with "
                            "RAG-Token's beam search")
-        return RagTokenGenerator(task, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
-    return RagSequenceGenerator(task, model, args, task.cfg.rag_decoding, extra_gen_cls_kwargs,
-                                prefix_allowed_tokens_fn)
+        cls = LMRagTokenGenerator if decoder_only else RagTokenGenerator
+        return cls(task, model, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+    cls = LMRagSequenceGenerator if decoder_only else RagSequenceGenerator
+    return cls(task, model, args, task.cfg.rag_decoding, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
 
 
 def _refuse_doc_posterior(cfg, model, score_reference: bool) -> None:

@@ -41,7 +41,7 @@ class RagSequenceGenerator(RagGeneratorBase):
             raise ValueError(f"unknown RAG-Sequence decoding {decoding!r}")
         super().__init__(rag)
         self.decoding = decoding
-        self.search_model = PerDocumentSearchModel(rag)
+        self.search_model = self.make_search_model(rag)
         # the search's rows are (question, document) pairs: the function sees the question's sample id
         self.search = task.build_search([self.search_model], args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
                                         prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
@@ -73,6 +73,16 @@ class RagSequenceGenerator(RagGeneratorBase):
                                                                  "doc_scores": doc_scores, "encoder_out": encoder_out}
 
     @staticmethod
+    def make_search_model(rag):
+        """What fairseq's search drives: one beam per (question, document) pair."""
+        return PerDocumentSearchModel(rag)
+
+    def score_candidates(self, encoded, k: int, owner, tokens, known=None, only=None) -> torch.Tensor:
+        """log p(y_t|x,z,y<t) [C, K, T] of the candidates under their questions' documents (``encoded``: what
+        ``rag.encode`` gave, the B*K pairs)."""
+        return score_candidates(self.rag, encoded, k, owner, tokens, known=known, only=only)
+
+    @staticmethod
     def _union(beams, b: int, k: int):
         """Deduplicated candidates per question: owner question [C], tokens, and where found."""
         owner: List[int] = []
@@ -95,7 +105,7 @@ class RagSequenceGenerator(RagGeneratorBase):
         t = max(len(x) for x in tokens)
         if self.decoding == "fast":
             if not self._beam_scores_are_model_scores():  # the search's scores are not log p(y|x,z)
-                forced = score_candidates(self.rag, encoder_out, k, owner, tokens, only=set(found))
+                forced = self.score_candidates(encoder_out, k, owner, tokens, only=set(found))
                 found = {(ci, d): forced[ci, d, : len(tokens[ci])] for (ci, d) in found}
             token_lp = torch.full((c, k, t), float("-inf"))
             for (ci, d), scores in found.items():
@@ -103,7 +113,7 @@ class RagSequenceGenerator(RagGeneratorBase):
                 token_lp[ci, d, : len(scores)] = scores
             return token_lp
         known = found if self.reuse_beam_scores and self._beam_scores_are_model_scores() else None
-        return score_candidates(self.rag, encoder_out, k, owner, tokens, known=known)
+        return self.score_candidates(encoder_out, k, owner, tokens, known=known)
 
     def _beam_scores_are_model_scores(self) -> bool:
         """Whether a hypothesis' beam scores equal its teacher-forced log p(y_t|x,z,y<t).

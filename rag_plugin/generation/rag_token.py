@@ -15,10 +15,15 @@ class RagTokenGenerator(RagGeneratorBase):
 
     def __init__(self, task, rag, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
         super().__init__(rag)
-        self.search_model = RagTokenSearchModel(rag)
+        self.search_model = self.make_search_model(rag)
         self.search = task.build_search([self.search_model], args, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
                                         prefix_allowed_tokens_fn=self._sentence_ids.wrap(prefix_allowed_tokens_fn))
         self.search_model.temperature = float(getattr(self.search, "temperature", 1.0))
+
+    @staticmethod
+    def make_search_model(rag):
+        """What fairseq's search drives: the marginalised transition."""
+        return RagTokenSearchModel(rag)
 
     def _generate(self, models, sample, **kwargs):
         # fairseq's search takes a sample's "id" for the sentence's row in per-batch buffers (diverse

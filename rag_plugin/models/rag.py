@@ -70,6 +70,9 @@ class RagModel(BaseFairseqModel):
         if query_encoder is not None and cfg.freeze_query_encoder:
             for p in query_encoder.parameters():
                 p.requires_grad_(False)
+        if getattr(cfg, "freeze_generator", False):
+            for p in generator.parameters():
+                p.requires_grad_(False)
         if query_encoder is not None and cfg.freeze_query_embeddings:
             query_encoder.bert_model.embeddings.word_embeddings.weight.requires_grad_(False)
         scale = lr_scale(cfg)
@@ -168,6 +171,8 @@ class RagModel(BaseFairseqModel):
         super().train(mode)
         if self.query_encoder is not None and self.cfg.freeze_query_encoder:
             self.query_encoder.eval()
+        if getattr(self.cfg, "freeze_generator", False):  # a fixed reader: no dropout either (REPLUG's frozen LM)
+            self.generator.eval()
         return self
 
     # ------------------------------------------------------------------ retrieval
@@ -310,6 +315,10 @@ class RagModel(BaseFairseqModel):
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """A checkpoint trained with dense retrieval also serves closed book (``--n-docs 0``) and BM25
         (``--retriever bm25``): its query encoder is left out. The other way round is an error."""
+        if hasattr(self.generator, "encoder") and not any(k.startswith("generator.encoder.") for k in state_dict) \
+                and any(k.startswith("generator.decoder.") for k in state_dict):
+            raise UserError("the checkpoint is a decoder-only RAG model (rag_lm_*), --arch builds an encoder-decoder "
+                            "one", fix="load it with --arch rag_lm_token_* / rag_lm_seq_* (as it was trained)")
         ours = any(k.startswith("query_encoder.") for k in self.state_dict())
         theirs = any(k.startswith("query_encoder.") for k in state_dict)
         if theirs and not ours:

@@ -25,6 +25,8 @@ class RagConfig(FairseqDataclass):
         "help": "initialisation of a generator trained from scratch; auto = xavier for tiny, bart otherwise"})
     generator_checkpoint: Optional[str] = field(default=None, metadata={
         "help": "initialise the generator from a fairseq BART model.pt (bart.base / bart.large)"})
+    freeze_generator: bool = field(default=False, metadata={
+        "help": "keep the generator (reader) fixed: only the retriever learns (REPLUG's frozen LM)"})
     query_encoder: str = field(default="knowledge", metadata={
         "help": "query encoder initialisation: knowledge (the knowledge source's), random, or dpr:CKPT / hf-dpr:DIR"})
     freeze_query_encoder: bool = field(default=False, metadata={

@@ -113,10 +113,15 @@ class Demo:
             self.runner.run(console_script("fairseq-train", *train_args(config)), log_file=log_file)
         return ckpt
 
-    def train_systems(self, updates: int, init: Path, systems: Dict[str, DictConfig]) -> Dict[str, Path]:
-        """Train ``systems`` (name -> stage of stages.yaml's train.systems); their checkpoints."""
+    def train_systems(self, updates: int, init: Path, systems: Dict[str, DictConfig],
+                      lm_init: Optional[Path] = None) -> Dict[str, Path]:
+        """Train ``systems`` (name -> stage of stages.yaml's train.systems); their checkpoints. A stage marked
+        ``init: lm`` starts from the decoder-only reader's pretrained LM (``lm_init``), the others from ``init``."""
         checkpoints = {}
         for name, stage in systems.items():
+            if stage.get("init") == "lm":
+                checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=lm_init)
+                continue
             if not stage.get("own_knowledge"):
                 checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=init)
                 continue
