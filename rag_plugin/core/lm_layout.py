@@ -39,7 +39,7 @@ def lm_context(question: np.ndarray, title: Optional[np.ndarray], text: Optional
     sep = np.array([eos], dtype=np.int64)
     if title is None:
         return np.concatenate([sep, q])
-    room = budget - len(q) - 3  # </s> ... </s> ... </s> question
+    room = budget - len(q) - 2  # </s> passage </s> question (the passage: title </s> text)
     passage = np.concatenate([np.asarray(title, dtype=np.int64), sep, np.asarray(text, dtype=np.int64)])
     if room < len(passage):
         passage = passage[: max(room, 0)]

@@ -29,6 +29,10 @@ def passage_line(title: np.ndarray, text: np.ndarray, eos: int) -> np.ndarray:
 def write_lm_passages(knowledge, out: Path, valid: int, seed: int = 0) -> Tuple[int, int]:
     """Write the passages of ``knowledge`` (a KnowledgeSource) under ``out``; (train, valid) passages written."""
     import torch
+
+    from rag_plugin.util.quiet_import import import_fairseq_quietly
+
+    import_fairseq_quietly()
     from fairseq.data import Dictionary, indexed_dataset
 
     store = knowledge.passages

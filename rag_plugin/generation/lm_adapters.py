@@ -53,7 +53,8 @@ class LMRetrievingEncoder(FairseqEncoder):
         contexts, doc_scores, rows = self.rag.encode(src_tokens, query_tokens, query_mask, fixed_doc_rows,
                                                      fixed_doc_scores)
         doc_lp = M.doc_log_prior(doc_scores.float())
-        self._retrieval = {"rows": rows, "doc_lp": doc_lp, "doc_scores": doc_scores, "contexts": contexts}
+        # "encoder_out": what the reader "encoded", the pairs' contexts (as RagSequenceGenerator keeps them)
+        self._retrieval = {"rows": rows, "doc_lp": doc_lp, "doc_scores": doc_scores, "encoder_out": contexts}
         return {"doc_lp": [doc_lp], "context_tokens": [contexts.tokens], "context_lengths": [contexts.lengths]}
 
     def reorder_encoder_out(self, encoder_out, new_order):
@@ -232,3 +233,16 @@ def _score_lm_chunk(rag, contexts, pairs: List[int], wanted, forcing, out: torch
     docs = torch.tensor([p % k for p in pairs for _ in wanted[p]])
     out[cands, docs] = lp
 
+
+
+def lm_teacher_forced_token_lp(rag, contexts, targets: List[torch.Tensor]) -> torch.Tensor:
+    """log p(y_t | context, y<t) [R, T] of ``targets`` (R token tensors ending in </s>), target r read after context
+    row r of ``contexts`` (0 beyond each target's length): one packed forward (the encoder-decoder reader's
+    :func:`rag_plugin.generation.adapters.teacher_forced_token_lp`)."""
+    t = max(len(y) for y in targets)
+    target, prev = _teacher_forcing_rows(targets, t, rag.pad, rag.eos)
+    device = contexts.tokens.device
+    target, prev = target.to(device), prev.to(device)
+    logits = rag.reader.teacher_forced(contexts.tokens, contexts.lengths, prev)
+    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return lp.masked_fill(target.eq(rag.pad), 0.0)

@@ -11,6 +11,7 @@ import torch
 
 from rag_plugin.core import marginalization as M
 from rag_plugin.generation.adapters import teacher_forced_token_lp
+from rag_plugin.generation.lm_adapters import lm_teacher_forced_token_lp
 
 
 def token_texts(tokenizer, tokens: List[int], eos: int) -> List[str]:
@@ -34,10 +35,14 @@ def token_texts(tokenizer, tokens: List[int], eos: int) -> List[str]:
 def posteriors(rag, encoder_out: dict, doc_lp: torch.Tensor, best: List[torch.Tensor], token_level: bool):
     """(posterior [B, K], token posterior [B, K, T] or None) of each question's answer ``best[i]`` (ending in
     ``</s>``) over the K passages the generator read: ``encoder_out``, the B*K (question, passage) pairs as the
-    generator encoded them (its ``last_retrieval``), ``doc_lp`` [B, K] their log p(z|x)."""
+    generator encoded them (its ``last_retrieval``; a decoder-only reader's: their contexts), ``doc_lp`` [B, K] their
+    log p(z|x)."""
     b, k = doc_lp.shape
     targets = [best[i] for i in range(b) for _ in range(k)]
-    lp = teacher_forced_token_lp(rag, encoder_out, torch.arange(b * k), targets).view(b, k, -1).cpu().float()
+    if getattr(rag, "decoder_only", False):  # rag_lm_*: the pairs' contexts, read by the LM
+        lp = lm_teacher_forced_token_lp(rag, encoder_out, targets).view(b, k, -1).cpu().float()
+    else:
+        lp = teacher_forced_token_lp(rag, encoder_out, torch.arange(b * k), targets).view(b, k, -1).cpu().float()
     t = lp.size(-1)
     mask = torch.tensor([[j < len(best[i]) for j in range(t)] for i in range(b)])
     doc_lp = doc_lp.cpu().float()

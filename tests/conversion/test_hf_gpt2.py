@@ -227,3 +227,40 @@ def test_pickle_only_folder_is_refused_unread(gpt2, tmp_path):
     (src / "pytorch_model.bin").write_bytes(b"not a pickle: it must not be read")
     with pytest.raises(UserError, match="pytorch_model.bin.*safetensors"):
         convert(src, tmp_path / "out")
+
+
+def test_rag_reader_over_the_converted_gpt2_has_gpt2s_distribution(gpt2):
+    """--generator-checkpoint of a conversion: the decoder-only RAG reader builds the LM from the checkpoint's own
+    cfg, masks <s>, <pad>, <unk> (no GPT-2 token), and its log-probabilities over the whole fairseq vocabulary are
+    GPT-2's (1e-5), for a context followed by an answer (the reader's packed rows and its incremental decoding)."""
+    from fairseq.data import Dictionary
+
+    from rag_plugin.conversion.hf_gpt2 import NOT_GPT2_IDS
+    from rag_plugin.models.lm_generator import is_converted_gpt2
+    from rag_plugin.models.lm_reader import LMReader
+    from rag_plugin.models.rag_lm import RagLMConfig, RagLMModel
+
+    hf_model, root = gpt2
+    checkpoint = str(root / "out" / "checkpoint.pt")
+    assert is_converted_gpt2(checkpoint) and not is_converted_gpt2(str(root / "gpt2" / "model.safetensors"))
+    dictionary = Dictionary.load(str(root / "out" / "dict.txt"))
+    lm = RagLMModel.build_generator(RagLMConfig(generator_checkpoint=checkpoint, dropout=0.0, max_source_positions=40,
+                                                max_target_positions=20), dictionary).eval()
+    reader = LMReader(lm, dictionary.pad(), NOT_GPT2_IDS)
+    g = torch.randint(0, VOCAB, (2, 14), generator=torch.Generator().manual_seed(3))
+    ids = to_fairseq(g)
+    contexts, prev = ids[:, :9], ids[:, 9:]
+    lengths = torch.tensor([9, 6])
+    contexts[1, 6:] = dictionary.pad()  # a shorter context, right-padded
+    with torch.no_grad():
+        got = torch.log_softmax(reader.teacher_forced(contexts, lengths, prev).float(), -1)
+        state = {}
+        reader.start(state, contexts, lengths)
+        stepped = torch.log_softmax(reader.extend(state, prev, lengths, 0).float(), -1)
+        columns = to_fairseq([list(range(VOCAB))])[0]
+        for i, n in enumerate(lengths.tolist()):
+            row = torch.cat([g[i, :n], g[i, 9:]]).unsqueeze(0)
+            want = torch.log_softmax(hf_model(row).logits[0, n:].float(), -1)
+            torch.testing.assert_close(got[i][:, columns], want, rtol=0, atol=1e-5)
+            torch.testing.assert_close(stepped[i][:, columns], want, rtol=0, atol=1e-5)
+    assert torch.isneginf(got[..., list(NOT_GPT2_IDS)]).all()

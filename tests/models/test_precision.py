@@ -18,9 +18,11 @@ from rag_plugin.criterions.marginal_nll import MarginalNLLCriterion  # noqa: E40
 from rag_plugin.criterions.reader_cross_entropy import ReaderCrossEntropyCriterion  # noqa: E402
 from rag_plugin.models.fid import FidConfig, FidModel  # noqa: E402
 from rag_plugin.models.rag import RagConfig, RagSequenceModel, RagTokenModel  # noqa: E402
+from rag_plugin.models.rag_lm import RagLMSequenceModel, RagLMTokenModel  # noqa: E402
 from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask  # noqa: E402
 
-ARCHS = {"rag_token": RagTokenModel, "rag_seq": RagSequenceModel, "fid": FidModel}
+ARCHS = {"rag_token": RagTokenModel, "rag_seq": RagSequenceModel, "fid": FidModel,
+         "rag_lm_token": RagLMTokenModel, "rag_lm_seq": RagLMSequenceModel}
 
 
 def _setup(world, arch, n_docs=3, model_kw=None, **task_kw):
@@ -46,8 +48,8 @@ def _captured_outputs(module):
 @pytest.mark.parametrize("arch, task_kw, model_kw", [
     ("rag_token", {}, {}), ("rag_seq", {}, {}), ("fid", {}, {}),
     ("rag_token", {"retriever": "hybrid", "fusion": "weighted"}, {}),
-    ("rag_token", {}, {"train_doc_encoder": True})],
-    ids=["rag_token", "rag_seq", "fid", "hybrid", "train_doc_encoder"])
+    ("rag_token", {}, {"train_doc_encoder": True}), ("rag_lm_token", {}, {}), ("rag_lm_seq", {}, {})],
+    ids=["rag_token", "rag_seq", "fid", "hybrid", "train_doc_encoder", "rag_lm_token", "rag_lm_seq"])
 def test_doc_scores_are_float32_products_under_autocast(tiny_world, arch, task_kw, model_kw):
     """fairseq's --amp runs the forward under autocast, where a bmm computes in 16 bits: the doc scores are float32
     and equal (2e-5) to scale x q.d in float64 from the very q and d the forward used (a bfloat16 product is off by
@@ -92,6 +94,7 @@ def _train_and_generate(task, model, sample, criterion, dtype):
     criterion = criterion.to(dtype=dtype)
     batch = _to_bfloat16(sample) if dtype is torch.bfloat16 else sample
     model.train()
+    torch.manual_seed(0)  # the same dropout masks (the query encoder's: the same passages retrieved) in each dtype
     loss, _, _ = criterion(model, batch)
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
@@ -107,8 +110,10 @@ def _train_and_generate(task, model, sample, criterion, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, n_docs", [("rag_token", 3), ("rag_seq", 3), ("fid", 3), ("rag_token", 0)],
-                         ids=["rag_token", "rag_seq", "fid", "closed_book"])
+@pytest.mark.parametrize("arch, n_docs", [("rag_token", 3), ("rag_seq", 3), ("fid", 3), ("rag_token", 0),
+                                          ("rag_lm_token", 3), ("rag_lm_seq", 3), ("rag_lm_token", 0)],
+                         ids=["rag_token", "rag_seq", "fid", "closed_book", "rag_lm_token", "rag_lm_seq",
+                              "closed_book_lm"])
 def test_model_cast_to_bfloat16_as_fairseqs_trainer_casts_it(tiny_world, arch, n_docs):
     """--bf16: the whole model (query encoder included) in bfloat16. The loss is the float32 one within 1%, the doc
     scores float32 (and the float32 model's to bfloat16's q precision), every gradient finite (and the query

@@ -183,9 +183,17 @@ def results_markdown(results: Dict, work: Path) -> str:
                   "", " | ".join(f"{k} {v:.1f}" for k, v in scores.items())]
     if results.get("k_sweep"):
         lines += _sweep_section(results["k_sweep"], labels)
-    lines += ["", "Plots: `" + str((work / "k_sweep.png").relative_to(ROOT)) + "`, `" +
-              str((work / "jeopardy_doc_posterior.png").relative_to(ROOT)) + "`."]
+    lines += ["", "Plots: `" + _shown(work / "k_sweep.png") + "`, `" + _shown(work / "jeopardy_doc_posterior.png")
+              + "`."]
     for run, label in labels.items():
         timings = results["runs"][run].get("timings_s") or {}
         lines += ["", f"Step timings of run {label} (s): " + ", ".join(f"{k}: {v:.0f}" for k, v in timings.items())]
     return "\n".join(lines + [""])
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is under it (a --work outside it: as it is)."""
+    try:
+        return str(path.resolve().relative_to(ROOT.resolve()))
+    except ValueError:
+        return str(path)
