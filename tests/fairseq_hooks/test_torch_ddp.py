@@ -102,6 +102,7 @@ for case in cases:
 
 FID = ["--arch", "fid_tiny", "--criterion", "reader_cross_entropy"]
 SEQ = ["--arch", "rag_seq_tiny"]
+LM = ["--arch", "rag_lm_token_tiny", "--max-source-positions", "64", "--max-target-positions", "32"]
 
 
 def _start(loss):
@@ -154,6 +155,15 @@ CASES = {
     "fid_scorebias_rerank_cross": [*FID, "--fid-score-bias", "--reranker", "cross", "--rerank-candidates", "6"],
     "rerank_maxsim_store_ema": ["--reranker", "maxsim", "--rerank-candidates", "6", "--store-ema",
                                 "--ema-start-update", "1", "--save"],
+    # decoder-only readers (issue 37): RAG over a fairseq transformer_lm
+    "rag_lm_token": [*LM, "--validate-interval-updates", "2"],
+    "rag_lm_seq": ["--arch", "rag_lm_seq_tiny", "--max-source-positions", "64", "--max-target-positions", "32"],
+    "rag_lm_closed_book": [*LM, "--n-docs", "0"],
+    "rag_lm_lsr": [*LM, "--freeze-generator", "--retriever-loss", "pdist", "--retriever-loss-only"],
+    "rag_lm_hybrid_pdist_start": [*LM, "--retriever", "hybrid", *_start("pdist")],
+    "rag_lm_amp": [*LM, "--amp"],
+    "rag_lm_bf16": [*LM, "--bf16"],
+    "rag_lm_store_ema": [*LM, "--store-ema", "--ema-start-update", "1", "--save"],
 }
 
 
