@@ -54,7 +54,8 @@ def measure(world: dict, arch: str, k: int, phase: str, batch: int, repeats: int
     from rag_plugin.tasks.retrieval_augmented import RetrievalAugmentedConfig, RetrievalAugmentedTask
 
     classes = {"rag_token_tiny": (RagTokenModel, RagConfig), "rag_seq_tiny": (RagSequenceModel, RagConfig),
-               "rag_lm_token_tiny": (RagLMTokenModel, RagLMConfig), "rag_lm_seq_tiny": (RagLMSequenceModel, RagLMConfig)}
+               "rag_lm_token_tiny": (RagLMTokenModel, RagLMConfig),
+               "rag_lm_seq_tiny": (RagLMSequenceModel, RagLMConfig)}
     task = RetrievalAugmentedTask.setup_task(RetrievalAugmentedConfig(data=world["data"], knowledge=world["ks"],
                                                                       n_docs=k))
     task.load_dataset("train")
@@ -126,7 +127,8 @@ def main(argv=None) -> int:
         for arch in args.arch:
             t, g = [r for r in rows if r["arch"] == arch and r["k"] == k]
             print(f"{arch:18} {k:>3} {t['parameters']:>10,} {t['ms_per_example']:>12} "
-                  f"{t['peak_rise_mib_per_example']:>13} {g['ms_per_example']:>10} {g['peak_rise_mib_per_example']:>11}")
+                  f"{t['peak_rise_mib_per_example']:>13} {g['ms_per_example']:>10} "
+                  f"{g['peak_rise_mib_per_example']:>11}")
     return 0
 
 

@@ -1,10 +1,10 @@
 """rag_plugin: Retrieval-Augmented Generation (Lewis et al., 2020) as a fairseq plugin.
 
 Importing the package only registers the plugin's fairseq parts (task ``retrieval_augmented``,
-models ``rag_token``/``rag_seq`` (and ``rag_lm_token``/``rag_lm_seq``, decoder-only readers), criterion ``marginal_nll``, optimizer ``torch_adamw``), and only
-when fairseq is already imported (``--user-dir rag_plugin`` imports this package; fairseq then
-imports ``tasks/`` and ``models/`` itself). The retrieval package (:mod:`rag_plugin.retrieval`)
-needs no fairseq and is not imported here.
+models ``rag_token``/``rag_seq`` and ``rag_lm_token``/``rag_lm_seq`` (decoder-only readers), criterion
+``marginal_nll``, optimizer ``torch_adamw``), and only when fairseq is already imported (``--user-dir rag_plugin``
+imports this package; fairseq then imports ``tasks/`` and ``models/`` itself). The retrieval package
+(:mod:`rag_plugin.retrieval`) needs no fairseq and is not imported here.
 
 Nothing else happens on import, with one exception that is the command line's own business: when
 the process IS a fairseq command line (``fairseq-train ... --user-dir rag_plugin``), the hooks of

@@ -50,14 +50,14 @@ from safetensors.torch import load_file
 
 from rag_plugin.conversion.hf_rag import write_fairseq_checkpoint
 from rag_plugin.conversion.hf_rag_folder import read_json
+from rag_plugin.models.gpt2_ids import GPT2_CONVERSION_FORMAT, NOT_GPT2_IDS
 from rag_plugin.util.errors import UserError
 from rag_plugin.util.io import atomic_directory, atomic_write_json, atomic_write_text
 
-FORMAT = "rag_plugin.hf_gpt2_conversion/1"
+FORMAT = GPT2_CONVERSION_FORMAT  # the decoder-only reader recognises a conversion by it (models/lm_generator.py)
 #: fairseq's special ids, fixed by its Dictionary
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
-#: fairseq ids that are no GPT-2 token (their logits copy <|endoftext|>'s; mask them for GPT-2's distribution)
-NOT_GPT2_IDS = (BOS, PAD, UNK)
+#: NOT_GPT2_IDS (models/gpt2_ids.py) are BOS, PAD, UNK: no GPT-2 token; their logits copy <|endoftext|>'s
 #: transformers' activation_function -> fairseq's activation_fn (the same function)
 ACTIVATIONS = {"gelu_new": "gelu_accurate", "gelu_fast": "gelu_accurate", "gelu_pytorch_tanh": "gelu_accurate",
                "gelu": "gelu", "relu": "relu", "tanh": "tanh"}

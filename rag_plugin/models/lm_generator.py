@@ -47,7 +47,7 @@ def _preset(size: str):
     return arch
 
 
-for _size in LM_SIZES:  # fairseq-train --task language_modeling --arch transformer_lm_rag_tiny pretrains the reader's LM
+for _size in LM_SIZES:  # fairseq-train --task language_modeling --arch transformer_lm_rag_tiny pretrains the LM
     register_model_architecture("transformer_lm", f"transformer_lm_rag_{_size}")(_preset(_size))
 
 
@@ -160,19 +160,3 @@ def load_lm_weights(lm: TransformerLanguageModel, weights: dict, path: str) -> N
         raise UserError(f"the LM checkpoint lacks {len(missing)} weights (e.g. {missing[0]})", path=path,
                         fix="pass a complete transformer_lm checkpoint")
     logger.info("LM initialised from %s (%d tensors)", path, len(weights))
-
-
-def is_converted_gpt2(path: Optional[str]) -> bool:
-    """Whether ``path`` is a GPT-2 conversion's checkpoint (``conversion.json`` of rag-convert-hf --gpt2 beside it):
-    its ids <s>, <pad>, <unk> are no GPT-2 token and are masked out of the reader's distribution."""
-    if not path:
-        return False
-    record = Path(path).parent / "conversion.json"
-    if not record.is_file():
-        return False
-    from rag_plugin.conversion.hf_gpt2 import FORMAT
-    import json
-    try:
-        return json.loads(record.read_text(encoding="utf-8")).get("format") == FORMAT
-    except (ValueError, OSError):
-        return False

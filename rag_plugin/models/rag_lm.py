@@ -1,4 +1,5 @@
-"""``rag_lm_token`` and ``rag_lm_seq``: RAG with a decoder-only reader (REPLUG-style), over fairseq's ``transformer_lm``.
+"""``rag_lm_token`` and ``rag_lm_seq``: RAG with a decoder-only reader (REPLUG-style), over fairseq's
+``transformer_lm``.
 
 Per batch of B questions and K passages::
 
@@ -23,12 +24,11 @@ from typing import NamedTuple, Optional
 import torch
 from fairseq.models import register_model, register_model_architecture
 
-from rag_plugin.conversion.hf_gpt2 import NOT_GPT2_IDS
 from rag_plugin.core.lm_layout import lm_contexts
 from rag_plugin.models import doc_encoder as doc_side
 from rag_plugin.models.generator import count_parameters
-from rag_plugin.models.lm_generator import (build_lm, is_converted_gpt2, lm_namespace, load_lm_weights,
-                                            read_lm_checkpoint)
+from rag_plugin.models.gpt2_ids import NOT_GPT2_IDS, is_converted_gpt2
+from rag_plugin.models.lm_generator import build_lm, lm_namespace, load_lm_weights, read_lm_checkpoint
 from rag_plugin.models.lm_reader import LMReader
 from rag_plugin.models.rag import RagModel
 from rag_plugin.models.rag_config import RagConfig, as_config

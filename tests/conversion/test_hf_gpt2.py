@@ -236,7 +236,7 @@ def test_rag_reader_over_the_converted_gpt2_has_gpt2s_distribution(gpt2):
     from fairseq.data import Dictionary
 
     from rag_plugin.conversion.hf_gpt2 import NOT_GPT2_IDS
-    from rag_plugin.models.lm_generator import is_converted_gpt2
+    from rag_plugin.models.gpt2_ids import is_converted_gpt2
     from rag_plugin.models.lm_reader import LMReader
     from rag_plugin.models.rag_lm import RagLMConfig, RagLMModel
 

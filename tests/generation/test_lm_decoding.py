@@ -1,6 +1,7 @@
 """Decoding a decoder-only RAG model (rag_lm_token, rag_lm_seq): the beam's scores equal teacher-forced scores,
 incremental decoding equals the full forward, RAG-Sequence's per-passage beams equal the LM's own beam search over
-each passage's row, Thorough >= Fast, and Thorough with beam scores reused equals Thorough teacher-forcing every pair."""
+each passage's row, Thorough >= Fast, and Thorough with beam scores reused equals Thorough teacher-forcing every
+pair."""
 import pytest
 import torch
 from fairseq.dataclass.configs import GenerationConfig
@@ -88,6 +89,7 @@ def test_rag_token_greedy_step_is_the_prior_weighted_mixture(tiny_world):
 def test_rag_sequence_beams_are_the_lm_beams_of_each_passage_row(tiny_world):
     """The per-passage beams of RAG-Sequence are fairseq's own beam search of the plain LM continuing the row."""
     from fairseq.sequence_generator import SequenceGenerator
+
     from rag_plugin.generation.lm_adapters import LMPairSearchModel
 
     task, model, sample = _setup(tiny_world, RagLMSequenceModel)

@@ -1,6 +1,7 @@
 """rag-serve's engine over decoder-only checkpoints (rag_lm_token_tiny, rag_lm_seq_tiny trained two updates): the
-explanation of each answer (retrieval score, prior, posterior, RAG-Token's per-token posterior) equals a brute force in which each retrieved passage's row (``</s> title </s> passage </s> question``) is followed by
-the answer and run through fairseq's own TransformerLanguageModel.forward, alone."""
+explanation of each answer (retrieval score, prior, posterior, RAG-Token's per-token posterior) equals a brute
+force in which each retrieved passage's row (``</s> title </s> passage </s> question``) is followed by the answer
+and run through fairseq's own TransformerLanguageModel.forward, alone."""
 import math
 
 import pytest
