@@ -143,3 +143,28 @@ def test_candidate_scores_equal_one_forward_per_pair(tiny_world):
                 logits, _ = model.generator(torch.cat([row, torch.tensor([2]), y[:-1]]).unsqueeze(0))
                 lp = torch.log_softmax(logits[0, len(row):].float(), -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
                 torch.testing.assert_close(got[c, d, : len(y)], lp, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cls", [RagLMTokenModel, RagLMSequenceModel])
+def test_each_context_runs_once_and_every_step_runs_one_token(tiny_world, cls):
+    """The contexts run through the LM once per batch (B*K rows: not per beam, not per step); every later call of the
+    search runs one new token per row."""
+    task, model, sample = _setup(tiny_world, cls)
+    calls = {"start": [], "extend": []}
+    start, extend = model.reader.start, model.reader.extend
+
+    def counted_start(state, contexts, lengths):
+        calls["start"].append(tuple(contexts.shape))
+        return start(state, contexts, lengths)
+
+    def counted_extend(state, tokens, lengths, offset):
+        calls["extend"].append(tuple(tokens.shape))
+        return extend(state, tokens, lengths, offset)
+
+    model.reader.start, model.reader.extend = counted_start, counted_extend
+    task.cfg.rag_decoding = "fast"  # RAG-Sequence: no Thorough pass, only the beams
+    _gen(task, model, sample, beam=4)
+    b = sample["net_input"]["src_tokens"].size(0)
+    assert len(calls["start"]) == 1 and calls["start"][0][0] == b * 3
+    assert len(calls["extend"]) >= 6 and all(width == 1 for _, width in calls["extend"])
+    assert calls["extend"][0][0] == b * 3 * 4  # the first step: every (question, passage, beam) row
