@@ -15,10 +15,10 @@ likelihoods. Decoding: rag_plugin/generation/rag_lm.py (the context of each pass
 ``--n-docs 0`` the model is the closed-book LM (``</s> question``). ``--freeze-generator`` keeps the LM fixed (REPLUG's
 frozen black box; with ``--retriever-loss pdist`` the retriever learns from the LM's likelihoods: LSR).
 """
-from __future__ import annotations
-
+import argparse
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 import torch
@@ -44,6 +44,10 @@ class RagLMConfig(RagConfig):
     """The RAG options (the generator's are the LM's: ``--generator-size tiny|base``, ``--generator-checkpoint`` a
     fairseq transformer_lm checkpoint, ``--max-source-positions`` the context, ``--max-target-positions`` the
     answer)."""
+
+    lm_architecture: str = field(default="", metadata={
+        "help": "written by the model, not to set: the LM's transformer_lm options and masked ids (JSON), from which "
+                "a checkpoint is rebuilt without its --generator-checkpoint"})
 
 
 class Contexts(NamedTuple):
@@ -80,15 +84,20 @@ class RagLMModel(RagModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def build_model(cls, cfg, task):
+        given = cfg
         cfg = as_config(cfg, cls.config_class)
         doc_side.check_options(cfg, task.cfg, cls.variant, getattr(task, "knowledge", None))
         cls.check_task(cfg, task)
         dictionary = task.dictionary
-        generator = cls.build_generator(cfg, dictionary)
-        masked = NOT_GPT2_IDS if is_converted_gpt2(cfg.generator_checkpoint) else ()
-        if masked:
-            logger.info("%s is a converted GPT-2: <s>, <pad>, <unk> are no GPT-2 token, masked out of the reader's "
-                        "distribution", cfg.generator_checkpoint)
+        if getattr(task, "serving", False) and cfg.lm_architecture:  # a checkpoint: the LM it recorded, no file read
+            generator, masked = cls.rebuild_generator(cfg, dictionary)
+        else:
+            generator, args = cls.build_generator(cfg, dictionary)
+            masked = NOT_GPT2_IDS if is_converted_gpt2(cfg.generator_checkpoint) else ()
+            if masked:
+                logger.info("%s is a converted GPT-2: <s>, <pad>, <unk> are no GPT-2 token, masked out of the "
+                            "reader's distribution", cfg.generator_checkpoint)
+            _record(given, {"transformer_lm": _plain(vars(args)), "masked_ids": list(masked)})
         reranker = build_reranker(reranker_name(task.cfg), cfg, task) if task.cfg.n_docs > 0 else None
         if reranker is not None and not cfg.freeze_query_encoder:
             cfg.freeze_query_encoder = True
@@ -117,8 +126,18 @@ class RagLMModel(RagModel):
                             "passage); this reader is decoder-only", fix="use --reranker maxsim or cross")
 
     @staticmethod
+    def rebuild_generator(cfg, dictionary):
+        """(the LM, its masked ids) as a checkpoint recorded them (``lm_architecture``), the run's dropout."""
+        record = json.loads(cfg.lm_architecture)
+        args = argparse.Namespace(**record["transformer_lm"])
+        args.dropout, args.attention_dropout = float(cfg.dropout), float(cfg.attention_dropout)
+        args.activation_dropout = float(cfg.activation_dropout)
+        return build_lm(args, dictionary), tuple(record.get("masked_ids") or ())
+
+    @staticmethod
     def build_generator(cfg, dictionary):
-        """The LM: from --generator-checkpoint's own cfg (its network, the run's dropout), or the size preset."""
+        """(the LM, its transformer_lm options): from --generator-checkpoint's own cfg (its network, the run's
+        dropout), or the size preset."""
         positions = int(cfg.max_source_positions) + int(cfg.max_target_positions)
         dropouts = (float(cfg.dropout), float(cfg.attention_dropout), float(cfg.activation_dropout))
         if not cfg.generator_checkpoint:
@@ -133,11 +152,13 @@ class RagLMModel(RagModel):
                                    ("decoder_ffn_embed_dim", cfg.generator_ffn_dim)):
                     if int(value):
                         overrides[key] = int(value)
-            return build_lm(lm_namespace(str(cfg.generator_size), positions, *dropouts, overrides), dictionary)
+            args = lm_namespace(str(cfg.generator_size), positions, *dropouts, overrides)
+            return build_lm(args, dictionary), args
         model_cfg, weights = read_lm_checkpoint(cfg.generator_checkpoint, dictionary)
-        lm = build_lm(lm_namespace(str(cfg.generator_size), positions, *dropouts, model_cfg), dictionary)
+        args = lm_namespace(str(cfg.generator_size), positions, *dropouts, model_cfg)
+        lm = build_lm(args, dictionary)
         load_lm_weights(lm, weights, str(cfg.generator_checkpoint))
-        return lm
+        return lm, args
 
     # ------------------------------------------------------------------ inputs
     def generator_inputs(self, src_tokens: torch.Tensor, rows: Optional[torch.Tensor]) -> Contexts:
@@ -184,6 +205,20 @@ class RagLMModel(RagModel):
             raise UserError("the checkpoint is an encoder-decoder RAG model, --arch builds a decoder-only one",
                             fix="load it with --arch rag_token_* / rag_seq_* (as it was trained)")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def _plain(values: dict) -> dict:
+    """JSON-ready options (fairseq's choice enums as their strings)."""
+    return {k: (v if v is None or isinstance(v, (bool, int, float, str, list)) else str(v)) for k, v in values.items()}
+
+
+def _record(cfg, record: dict) -> None:
+    """Write the LM's record into the config fairseq saves in the model's checkpoints (its ``cfg.model``), where the
+    caller handed one that takes it."""
+    try:
+        cfg.lm_architecture = json.dumps(record, sort_keys=True)
+    except Exception:  # a frozen or read-only config: the checkpoint is rebuilt from --generator-checkpoint
+        logger.debug("the model config takes no lm_architecture", exc_info=True)
 
 
 @register_model("rag_lm_token", dataclass=RagLMConfig)

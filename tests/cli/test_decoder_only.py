@@ -49,11 +49,15 @@ def pretrained_lm(tiny_world, tmp_path_factory):
 @pytest.mark.parametrize("arch, decoding", [("rag_lm_token_tiny", "thorough"), ("rag_lm_seq_tiny", "thorough"),
                                             ("rag_lm_seq_tiny", "fast")])
 def test_train_from_a_fairseq_lm_checkpoint_and_generate(tiny_world, pretrained_lm, tmp_path, arch, decoding):
-    r = _rag_train(tiny_world, tmp_path / "rag", "--arch", arch, "--generator-checkpoint", pretrained_lm)
+    lm_copy = tmp_path / "lm.pt"  # removed before generating: the trained checkpoint must not need it
+    lm_copy.write_bytes(pretrained_lm.read_bytes())
+    r = _rag_train(tiny_world, tmp_path / "rag", "--arch", arch, "--generator-checkpoint", lm_copy)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"LM initialised from {pretrained_lm}" in r.stdout + r.stderr
+    assert f"LM initialised from {lm_copy}" in r.stdout + r.stderr
+    lm_copy.unlink()
     ckpt = tmp_path / "rag" / "checkpoint_last.pt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert '"decoder_layers": 4' in state["cfg"]["model"]["lm_architecture"]  # what the LM is rebuilt from
     lm = torch.load(pretrained_lm, map_location="cpu", weights_only=False)["model"]
     assert state["model"]["generator.decoder.embed_positions.weight"].shape == \
         lm["decoder.embed_positions.weight"].shape  # the checkpoint's 128 positions, not the arch's

@@ -244,8 +244,9 @@ def test_rag_reader_over_the_converted_gpt2_has_gpt2s_distribution(gpt2):
     checkpoint = str(root / "out" / "checkpoint.pt")
     assert is_converted_gpt2(checkpoint) and not is_converted_gpt2(str(root / "gpt2" / "model.safetensors"))
     dictionary = Dictionary.load(str(root / "out" / "dict.txt"))
-    lm = RagLMModel.build_generator(RagLMConfig(generator_checkpoint=checkpoint, dropout=0.0, max_source_positions=40,
-                                                max_target_positions=20), dictionary).eval()
+    lm, _ = RagLMModel.build_generator(RagLMConfig(generator_checkpoint=checkpoint, dropout=0.0,
+                                                   max_source_positions=40, max_target_positions=20), dictionary)
+    lm.eval()
     reader = LMReader(lm, dictionary.pad(), NOT_GPT2_IDS)
     g = torch.randint(0, VOCAB, (2, 14), generator=torch.Generator().manual_seed(3))
     ids = to_fairseq(g)

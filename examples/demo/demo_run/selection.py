@@ -77,6 +77,5 @@ def systems_help(stages: DictConfig) -> str:
     """--systems's help: what it selects, why the default, every known name."""
     return (f"comma-separated systems to train and test, or {ALL} (every one); the default, stages.yaml's "
             "default_systems, keeps the demo within ~100 min on 2 cores (left out: the ablations, "
-            f"rag_token_end2end, the upr and cross rerankers and the decoder-only readers); known: {', '.join(known_systems(stages))}. The "
-            "others' rows stay in RESULTS.json "
-            "as an earlier run left them")
+            "rag_token_end2end, the upr and cross rerankers and the decoder-only readers); known: "
+            f"{', '.join(known_systems(stages))}. The others' rows stay in RESULTS.json as an earlier run left them")
