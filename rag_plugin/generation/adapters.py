@@ -172,26 +172,41 @@ def _normalized(logits: torch.Tensor, log_probs: bool, already_log_probs: bool):
     return lprobs if log_probs else lprobs.exp()
 
 
-class RagTokenSearchModel(nn.Module):
-    """What SequenceGenerator sees for RAG-Token: outputs are marginal log-probabilities."""
+class SearchModel(nn.Module):
+    """What SequenceGenerator sees of a RAG model: an ``encoder`` and a ``decoder`` adapter, the rows per sentence
+    handed to both (:meth:`set_beam_size`), and the decoder's outputs normalised. ``marginal``: the decoder already
+    outputs log-probabilities (RAG-Token's marginal), renormalised only under a temperature."""
 
-    def __init__(self, rag):
+    marginal = False
+
+    def __init__(self, rag, encoder, decoder):
         super().__init__()
         self.rag = rag
-        self.encoder = RetrievingEncoder(rag)
-        self.decoder = MarginalizingDecoder(rag)
-        self.temperature = 1.0  # the generator's; at 1 the marginals are already normalised
+        self.encoder = encoder
+        self.decoder = decoder
+        self.temperature = 1.0  # the generator's (RAG-Token sets it); at 1 the marginals are already normalised
 
     def set_beam_size(self, beam: int) -> None:
         """Called by SequenceGenerator with the rows per sentence (fairseq's beamable attention hook)."""
-        self.encoder.beam = self.decoder.beam = int(beam)
+        for part in (self.encoder, self.decoder):
+            if hasattr(part, "beam"):
+                part.beam = int(beam)
 
     def max_decoder_positions(self):
         return self.rag.max_decoder_positions()
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         # renormalising is the identity at temperature 1 and tempers correctly otherwise
-        return _normalized(net_output[0], log_probs, already_log_probs=self.temperature == 1.0)
+        return _normalized(net_output[0], log_probs, already_log_probs=self.marginal and self.temperature == 1.0)
+
+
+class RagTokenSearchModel(SearchModel):
+    """What SequenceGenerator sees for RAG-Token: outputs are marginal log-probabilities."""
+
+    marginal = True
+
+    def __init__(self, rag):
+        super().__init__(rag, RetrievingEncoder(rag), MarginalizingDecoder(rag))
 
 
 class CachedEncoder(FairseqEncoder):
@@ -239,23 +254,11 @@ class PairDecoder(FairseqIncrementalDecoder):
         return self.rag.max_decoder_positions()
 
 
-class PerDocumentSearchModel(nn.Module):
+class PerDocumentSearchModel(SearchModel):
     """What SequenceGenerator sees for RAG-Sequence: one independent beam per document."""
 
     def __init__(self, rag):
-        super().__init__()
-        self.rag = rag
-        self.encoder = CachedEncoder(rag)
-        self.decoder = PairDecoder(rag)
-
-    def set_beam_size(self, beam: int) -> None:
-        self.encoder.beam = self.decoder.beam = int(beam)
-
-    def max_decoder_positions(self):
-        return self.rag.max_decoder_positions()
-
-    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
-        return _normalized(net_output[0], log_probs, already_log_probs=False)
+        super().__init__(rag, CachedEncoder(rag), PairDecoder(rag))
 
 
 def score_candidates(rag, encoder_out, k: int, owner: torch.Tensor, tokens: List[torch.Tensor],

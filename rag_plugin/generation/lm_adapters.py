@@ -16,11 +16,26 @@ beams as fairseq reorders them. No context is recomputed per step, per beam or p
 from typing import Dict, List, Optional, Set, Tuple
 
 import torch
-import torch.nn as nn
 from fairseq.models import FairseqEncoder, FairseqIncrementalDecoder
 
 from rag_plugin.core import marginalization as M
-from rag_plugin.generation.adapters import _normalized, _pairs_to_score, _teacher_forcing_rows, grouped_order
+from rag_plugin.generation.adapters import SearchModel, _pairs_to_score, _teacher_forcing_rows, grouped_order
+
+
+def _started_rows(decoder, incremental_state, encoder_out, rows_per_context: int) -> torch.Tensor:
+    """The context length of each decoder row; on the first step, first run every context once into the cache and
+    copy it to its ``rows_per_context`` adjacent rows (its beams; RAG-Token: the beams of each (question, passage))."""
+    lengths = _rows_state(decoder, incremental_state)
+    if lengths is not None:
+        return lengths
+    reader = decoder.rag.reader
+    contexts, context_lengths = encoder_out["context_tokens"][0], encoder_out["context_lengths"][0]
+    reader.start(incremental_state, contexts, context_lengths)
+    context_of_row = torch.arange(contexts.size(0), device=contexts.device).repeat_interleave(rows_per_context)
+    reader.reorder(incremental_state, context_of_row)
+    lengths = context_lengths.index_select(0, context_of_row)
+    _set_rows_state(decoder, incremental_state, lengths)
+    return lengths
 
 
 def _rows_state(decoder, incremental_state) -> Optional[torch.Tensor]:
@@ -77,17 +92,9 @@ class LMMarginalizingDecoder(FairseqIncrementalDecoder):
         n, k = doc_lp.shape
         self.n_docs, beam = k, self.beam
         b, t = n // beam, prev_output_tokens.size(1)
-        reader = self.rag.reader
-        lengths = _rows_state(self, incremental_state)
-        if lengths is None:  # the first step: every pair's context once, then copied to its beams
-            contexts, context_lengths = encoder_out["context_tokens"][0], encoder_out["context_lengths"][0]
-            reader.start(incremental_state, contexts, context_lengths)
-            pair_of_row = torch.arange(b * k, device=contexts.device).repeat_interleave(beam)
-            reader.reorder(incremental_state, pair_of_row)
-            lengths = context_lengths.index_select(0, pair_of_row)
-            _set_rows_state(self, incremental_state, lengths)
+        lengths = _started_rows(self, incremental_state, encoder_out, beam)      # rows (question, passage, beam)
         last = prev_output_tokens[:, -1:].view(b, 1, beam, 1).expand(b, k, beam, 1).reshape(b * k * beam, 1)
-        logits = reader.extend(incremental_state, last, lengths, t - 1)          # [B*K*beam, 1, V]
+        logits = self.rag.reader.extend(incremental_state, last, lengths, t - 1)  # [B*K*beam, 1, V]
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(b, k, beam, logits.size(-1))
         question_lp = doc_lp.view(b, beam, k)[:, 0]
         marginal = M.rag_token_marginal_lprobs(lprobs, question_lp)              # [b, beam, V]
@@ -104,24 +111,13 @@ class LMMarginalizingDecoder(FairseqIncrementalDecoder):
         return self.rag.max_decoder_positions()
 
 
-class LMTokenSearchModel(nn.Module):
+class LMTokenSearchModel(SearchModel):
     """What SequenceGenerator sees for RAG-Token over an LM: outputs are marginal log-probabilities."""
 
+    marginal = True
+
     def __init__(self, rag):
-        super().__init__()
-        self.rag = rag
-        self.encoder = LMRetrievingEncoder(rag)
-        self.decoder = LMMarginalizingDecoder(rag)
-        self.temperature = 1.0
-
-    def set_beam_size(self, beam: int) -> None:
-        self.decoder.beam = int(beam)
-
-    def max_decoder_positions(self):
-        return self.rag.max_decoder_positions()
-
-    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
-        return _normalized(net_output[0], log_probs, already_log_probs=self.temperature == 1.0)
+        super().__init__(rag, LMRetrievingEncoder(rag), LMMarginalizingDecoder(rag))
 
 
 class LMCachedEncoder(FairseqEncoder):
@@ -147,16 +143,9 @@ class LMPairDecoder(FairseqIncrementalDecoder):
         self.beam = 1
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
-        reader = self.rag.reader
-        lengths = _rows_state(self, incremental_state)
-        if lengths is None:
-            contexts, context_lengths = encoder_out["context_tokens"][0], encoder_out["context_lengths"][0]
-            reader.start(incremental_state, contexts, context_lengths)
-            pair_of_row = torch.arange(contexts.size(0), device=contexts.device).repeat_interleave(self.beam)
-            reader.reorder(incremental_state, pair_of_row)
-            lengths = context_lengths.index_select(0, pair_of_row)
-            _set_rows_state(self, incremental_state, lengths)
-        logits = reader.extend(incremental_state, prev_output_tokens[:, -1:], lengths, prev_output_tokens.size(1) - 1)
+        lengths = _started_rows(self, incremental_state, encoder_out, self.beam)   # rows (question, passage) x beam
+        logits = self.rag.reader.extend(incremental_state, prev_output_tokens[:, -1:], lengths,
+                                        prev_output_tokens.size(1) - 1)
         return logits, {"attn": [None]}
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
@@ -169,23 +158,11 @@ class LMPairDecoder(FairseqIncrementalDecoder):
         return self.rag.max_decoder_positions()
 
 
-class LMPairSearchModel(nn.Module):
+class LMPairSearchModel(SearchModel):
     """What SequenceGenerator sees for RAG-Sequence over an LM: one independent beam per (question, passage)."""
 
     def __init__(self, rag):
-        super().__init__()
-        self.rag = rag
-        self.encoder = LMCachedEncoder(rag)
-        self.decoder = LMPairDecoder(rag)
-
-    def set_beam_size(self, beam: int) -> None:
-        self.decoder.beam = int(beam)
-
-    def max_decoder_positions(self):
-        return self.rag.max_decoder_positions()
-
-    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
-        return _normalized(net_output[0], log_probs, already_log_probs=False)
+        super().__init__(rag, LMCachedEncoder(rag), LMPairDecoder(rag))
 
 
 def score_lm_candidates(rag, contexts, k: int, owner: torch.Tensor, tokens: List[torch.Tensor],
