@@ -67,7 +67,7 @@ def main(argv=None):
     pretrained = demo.pretrain(args.pretrain_updates, args.pseudo_updates)
     trained = selection.trained(stages)
     lm_init = None
-    if any(stage.get("init") == "lm" for stage in trained.values()):  # a decoder-only reader runs (issue 37)
+    if any(stage.get("init") for stage in trained.values()):  # a decoder-only reader runs (issue 37)
         from demo_run.decoder_only import pretrain_lm
 
         lm_init = pretrain_lm(demo, args.pretrain_updates, args.pseudo_updates)

@@ -17,6 +17,7 @@ from demo_run.end2end import linked_copy, reembed_final, reindex_report
 from demo_run.runner import DATA, KS, KS_SWAP, ROOT, Runner, complete, read_text, training_done, training_time
 from rag_plugin.pipeline.commands import console_script, python_script
 from rag_plugin.pipeline.recipes import option_args, run_settings, train_args
+from rag_plugin.util.errors import UserError
 
 PRETRAINING_DATA_STEPS = {"pretrain": "denoising data from the knowledge source's passages",
                           "pretrain_pseudo": "pseudo-questions from the knowledge source's passages"}
@@ -116,11 +117,17 @@ class Demo:
     def train_systems(self, updates: int, init: Path, systems: Dict[str, DictConfig],
                       lm_init: Optional[Path] = None) -> Dict[str, Path]:
         """Train ``systems`` (name -> stage of stages.yaml's train.systems); their checkpoints. A stage marked
-        ``init: lm`` starts from the decoder-only reader's pretrained LM (``lm_init``), the others from ``init``."""
+        ``init: lm`` starts from the decoder-only reader's pretrained LM (``lm_init``), one marked ``init: SYSTEM``
+        from that system's trained generator (a system of this run, trained before it), the others from ``init``."""
         checkpoints = {}
         for name, stage in systems.items():
-            if stage.get("init") == "lm":
-                checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=lm_init)
+            source = stage.get("init")
+            if source:
+                start = lm_init if source == "lm" else checkpoints.get(source)
+                if start is None:
+                    raise UserError(f"--systems {name} starts from {source}'s trained generator",
+                                    fix=f"name {source} in --systems too")
+                checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=start)
                 continue
             if not stage.get("own_knowledge"):
                 checkpoints[name] = self.train(name, stage, DATA / "nq_demo", updates, init=init)
