@@ -100,6 +100,13 @@ def test_config_composes_with_plugin_dataclasses(path, recwarn):
 
     rag_plugin.register()
     task = path.parts[-3] if path.parts[-3] == "demo" else path.stem.split("_rag_")[0]
+    if path.stem == "lm_tiny_pretrain":  # the decoder-only reader's LM: fairseq's own language_modeling task
+        cfg = _compose(path.parent, path.stem, ["task.data=D"])
+        assert cfg.task._name == "language_modeling" and cfg.task.sample_break_mode == "eos"
+        assert cfg.model._name == "transformer_lm_rag_tiny" and cfg.criterion._name == "cross_entropy"
+        assert cfg.optimizer._name == "torch_adamw" and cfg.dataset.required_batch_size_multiple == 1
+        assert cfg.common.user_dir == "rag_plugin" and cfg.common.cpu and cfg.task.data == "D"
+        return
     cfg = _compose(path.parent, path.stem, ["task.data=D", "task.knowledge=K"])
     fid = cfg.model._name.startswith("fid_")  # Fusion-in-Decoder trains with cross-entropy, RAG with its marginal
     assert cfg.task._name == "retrieval_augmented"

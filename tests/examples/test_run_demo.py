@@ -178,10 +178,21 @@ def test_the_configs_set_only_what_the_recipe_does_not():
             else:
                 yield prefix + key
 
-    tiny = set(leaves(OmegaConf.to_container(OmegaConf.load(RECIPE_FILE))))
+    recipe = OmegaConf.to_container(OmegaConf.load(RECIPE_FILE))
+    tiny = set(leaves(recipe))
     configs = sorted((DEMO / "config").glob("*.yaml"))
-    assert {p.stem for p in configs} == {"rag_token_tiny", "rag_seq_tiny", "bart_tiny_closed_book", "fid_tiny"}
+    assert {p.stem for p in configs} == {"rag_token_tiny", "rag_seq_tiny", "bart_tiny_closed_book", "fid_tiny",
+                                         "rag_lm_token_tiny", "rag_lm_seq_tiny", "lm_tiny_pretrain"}
+    # the decoder-only reader's LM pretrains with fairseq's language_modeling task, whose task and model sections
+    # are not the recipe's: it writes the recipe's training values out, and they must stay the recipe's
+    lm = OmegaConf.to_container(OmegaConf.load(DEMO / "config" / "lm_tiny_pretrain.yaml"))
+    for section in ("optimizer", "lr_scheduler", "optimization", "dataset"):
+        for key, value in recipe[section].items():
+            if key not in ("max_update", "validate_interval_updates"):  # the run's own (run_settings)
+                assert lm[section][key] == value, (section, key)
     for path in configs:
+        if path.stem == "lm_tiny_pretrain":
+            continue
         own = OmegaConf.to_container(OmegaConf.load(path))
         assert own.pop("defaults") == ["_self_", "recipe/tiny"], path
         assert own["hydra"].pop("searchpath") == ["pkg://rag_plugin.pipeline.config"], path
@@ -238,7 +249,8 @@ def test_generate_options():
                                           "rag_token_frozen", "rag_token_bm25", "rag_token_hybrid", "rag_token_pdist",
                                           "fid", "fid_adist", "rag_token_end2end", "rag_token_rerank_maxsim",
                                           "rag_token_rerank_upr", "rag_token_rerank_cross", "rag_token_hybrid_rerank",
-                                          "fid_scorebias"]
+                                          "fid_scorebias", "closed_book_lm", "rag_lm_token", "rag_lm_seq_thorough",
+                                          "rag_lm_seq_fast", "rag_lm_token_lsr"]
     assert set(stages.train.systems) == {run.system for run in stages.generate.test.values()}
     # the reranked systems are tested as they were trained: the same reranker, L=20 candidates -> K=5
     for name in ("rag_token_rerank_maxsim", "rag_token_rerank_upr", "rag_token_rerank_cross",
@@ -289,9 +301,10 @@ def test_the_whole_demo_runs_its_commands_in_order(tmp_path, monkeypatch):
     programs = [c.program for c in commands_run]
     assert programs[:5] == ["python examples/demo/prepare_demo_data.py", "rag-build-knowledge", "rag-build-knowledge",
                             "rag-search", "rag-pretraining-data"]
-    assert programs.count("fairseq-train") == 2 + 15 + 2 + 1      # pretraining, systems, hot swap, Jeopardy
+    # pretraining, systems, hot swap, Jeopardy; the decoder-only reader's LM (its two stages) and its 4 systems
+    assert programs.count("fairseq-train") == 2 + 15 + 2 + 1 + 2 + 4
     # test, K sweep (RAG-Token, FiD, FiD with score bias), K choice, hot swap (swapped and updated source), Jeopardy
-    assert programs.count("fairseq-generate") == 16 + 3 * 2 + 2 * 3 + 2 * 3 + 1
+    assert programs.count("fairseq-generate") == 16 + 5 + 3 * 2 + 2 * 3 + 2 * 3 + 1
     # the system with a trained document encoder: its own copy of the source, trained, embedded again, tested
     own = tmp_path / "runs" / "demo" / "ks_rag_token_end2end"
     assert (own / "manifest.json").is_file() and not (data / "ks" / "versions").exists()

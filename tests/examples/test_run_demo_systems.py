@@ -175,3 +175,22 @@ def test_the_command_as_typed(monkeypatch):
     assert command_line(["--systems", "a,b"]) == "python examples/demo/run_demo.py --systems a,b"
     monkeypatch.setenv("MAKELEVEL", "1")  # make sets it for the commands it runs: make demo
     assert command_line([]) == "make demo  (python examples/demo/run_demo.py)"
+
+
+def test_a_system_started_from_another_needs_it_in_the_run(tmp_path, monkeypatch, capsys):
+    """rag_lm_token_lsr freezes rag_lm_token's trained LM (stages.yaml init: rag_lm_token): alone it is a one-line
+    error naming the system to add; with it, the decoder-only LM is pretrained (its two stages) and rag_lm_token is
+    trained before it, and its start is rag_lm_token's checkpoint."""
+    demo = FakeDemo(tmp_path, monkeypatch)
+    import run_demo
+
+    assert run_demo.main(["--systems", "rag_lm_token_lsr", "--work", str(demo.work)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "starts from rag_lm_token's trained generator" in err and "name rag_lm_token" in err
+    runner = demo.run(["--systems", "rag_lm_token,rag_lm_token_lsr", "--sweep", "1"])
+    assert trained(runner) == ["pretrain", "pretrain_pseudo", "pretrain_lm", "pretrain_lm_pseudo", "rag_lm_token",
+                               "rag_lm_token_lsr"]
+    lsr = next(c for c in runner.commands if c.program == "fairseq-train" and "rag_lm_token_lsr" in str(c.args))
+    args = [str(a) for a in lsr.args]
+    start = Path(args[args.index("--generator-checkpoint") + 1])
+    assert start.parent.name == "rag_lm_token"
