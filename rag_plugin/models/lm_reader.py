@@ -9,9 +9,9 @@ positions instead; for a row without padding it is exactly ``TransformerLanguage
 * :meth:`LMReader.teacher_forced`: ``context + prev_output_tokens`` packed per row (no padding between them), one
   causal pass, logits read at the answer's positions only ([N, T, V]).
 * :meth:`LMReader.start` then :meth:`LMReader.extend`: the contexts (right-padded, their padding masked as keys) run
-  once into the self-attention cache of ``incremental_state``; the cache is then reordered to the rows that read
-  each context (beams, candidates) and every later call runs only the new tokens, at position ``length + t`` of
-  their row. Nothing of a context is recomputed per step, per beam or per candidate.
+  once; their keys and values are held once per context (rag_plugin/models/lm_prefix_cache.py), shared by the rows
+  that read it (beams, candidates), and every later call runs only the new tokens, at position ``length + t`` of
+  their row. Nothing of a context is recomputed, or copied, per step, per beam or per candidate.
 
 ``masked_ids`` (a converted GPT-2's ``<s>``, ``<pad>``, ``<unk>``: no GPT-2 token, their logits copy
 ``<|endoftext|>``'s) get logit -inf, so the distribution over the vocabulary is GPT-2's exactly.
@@ -25,8 +25,11 @@ import torch.nn.functional as F
 from fairseq.modules import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
 
 from rag_plugin.core.lm_layout import packed_rows
+from rag_plugin.models.lm_prefix_cache import LayerCache, LayerView, PrefixCache, SharedPrefixAttention
 
 IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
+#: where a search's incremental state holds the reader's shared cache
+_CACHE = "rag_lm_prefix_cache"
 
 
 class LMReader:
@@ -111,33 +114,49 @@ class LMReader:
 
     # ------------------------------------------------------------------ incremental
     def start(self, incremental_state: IncrementalState, contexts: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Run the contexts [P, C] (right-padded) into the empty cache of ``incremental_state``."""
+        """Run the contexts [P, C] (right-padded) once; their keys and values become ``incremental_state``'s
+        shared cache (rag_plugin/models/lm_prefix_cache.py), one copy per context whatever the rows reading it."""
         c = contexts.size(1)
         col = torch.arange(c, device=contexts.device).unsqueeze(0)
         keys_pad = col >= lengths.to(contexts.device).unsqueeze(1)
         positions = (col + self.pad + 1).masked_fill(keys_pad, self.pad)
-        self.features(contexts, positions, keys_pad, self._future_mask(c, 0, contexts.device), incremental_state)
+        scratch: IncrementalState = {}  # fairseq's own cache of this one pass, its keys and values then taken over
+        self.features(contexts, positions, keys_pad, self._future_mask(c, 0, contexts.device), scratch)
+        layers = []
+        for layer in self.decoder.layers:
+            buffer = layer.self_attn._get_input_buffer(scratch)
+            layers.append(LayerCache(buffer["prev_key"], buffer["prev_value"], keys_pad))
+        incremental_state[_CACHE] = PrefixCache(layers)
 
     def reorder(self, incremental_state: IncrementalState, order: torch.Tensor) -> None:
-        """The cache's rows in ``order`` (expanding a context to the rows that read it, or following the beams)."""
-        for layer in self.decoder.layers:
-            layer.self_attn.reorder_incremental_state(incremental_state, order)
-
-    def cached_length(self, incremental_state: IncrementalState) -> int:
-        """Columns in the cache (padding included)."""
-        layer = self.decoder.layers[0].self_attn
-        buffer = layer._get_input_buffer(incremental_state)
-        key = buffer.get("prev_key") if buffer else None
-        return 0 if key is None else int(key.size(2))
+        """The rows in ``order``: expanding each context to the rows that read it (no copy of it), following the
+        beams (the generated tokens' keys only), dropping finished questions' contexts."""
+        incremental_state[_CACHE].reorder(order)
 
     def extend(self, incremental_state: IncrementalState, tokens: torch.Tensor, lengths: torch.Tensor,
                offset: int) -> torch.Tensor:
-        """Logits [N, L, V] of ``tokens`` [N, L] continuing the cached rows: token j of row i at position
-        ``lengths[i] + offset + j`` of that row (``lengths``: the rows' context lengths)."""
-        n, new = tokens.shape
+        """Logits [N, L, V] of ``tokens`` [N, L] continuing the rows: token j of row i at position
+        ``lengths[i] + offset + j`` of that row (``lengths``: the rows' context lengths), each attending to its
+        context and to the row's tokens up to itself."""
+        cache: PrefixCache = incremental_state[_CACHE]
+        dec = self.decoder
+        new = tokens.size(1)
         positions = (lengths.to(tokens.device).unsqueeze(1) + offset + self.pad + 1
                      + torch.arange(new, device=tokens.device).unsqueeze(0))
-        mask = None if new == 1 else self._future_mask(new, self.cached_length(incremental_state), tokens.device)
-        keys_pad = tokens.eq(self.pad)
-        x = self.features(tokens, positions, keys_pad if keys_pad.any() else None, mask, incremental_state)
+        x = dec.embed_scale * dec.embed_tokens(tokens)
+        if dec.project_in_dim is not None:
+            x = dec.project_in_dim(x)
+        pos = self._positions(tokens, positions)
+        if pos is not None:
+            x = x + pos.to(x.dtype)
+        if dec.layernorm_embedding is not None:
+            x = dec.layernorm_embedding(x)
+        x = dec.dropout_module(x).transpose(0, 1)
+        for layer, layer_cache in zip(dec.layers, cache.layers):
+            x = LayerView(layer, SharedPrefixAttention(layer.self_attn, layer_cache, cache.rows_per_group))(x)
+        if dec.layer_norm is not None:
+            x = dec.layer_norm(x)
+        x = x.transpose(0, 1)
+        if dec.project_out_dim is not None:
+            x = dec.project_out_dim(x)
         return self.logits(x)
