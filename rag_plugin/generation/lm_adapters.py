@@ -19,7 +19,7 @@ import torch
 from fairseq.models import FairseqEncoder, FairseqIncrementalDecoder
 
 from rag_plugin.core import marginalization as M
-from rag_plugin.generation.adapters import SearchModel, _pairs_to_score, _teacher_forcing_rows, grouped_order
+from rag_plugin.generation.adapters import SearchModel, _chunks, _pairs_to_score, _teacher_forcing_rows, grouped_order
 
 
 def _started_rows(decoder, incremental_state, encoder_out, rows_per_context: int) -> torch.Tensor:
@@ -170,7 +170,8 @@ def score_lm_candidates(rag, contexts, k: int, owner: torch.Tensor, tokens: List
                         only: Optional[Set[Tuple[int, int]]] = None, max_cells: int = 16_000_000) -> torch.Tensor:
     """Thorough rescoring over an LM: log p(y_t | context(x, z), y<t) of every candidate under every passage of its
     question, [C, K, T] (as :func:`rag_plugin.generation.adapters.score_candidates`, whose ``known`` and ``only``
-    mean the same). ``contexts``: the B*K pairs' (question-major). Each pair's context runs once per chunk."""
+    mean the same). ``contexts``: the B*K pairs' (question-major). Pairs are taken in chunks as there (at most
+    1.25 x the real rows, ``max_cells`` logits); each pair's context runs once per chunk and is held once."""
     t = max(len(y) for y in tokens)
     out = torch.zeros(len(tokens), k, t)
     known = known or {}
@@ -180,36 +181,31 @@ def score_lm_candidates(rag, contexts, k: int, owner: torch.Tensor, tokens: List
     if not wanted:
         return out
     target, prev = _teacher_forcing_rows(tokens, t, rag.pad, rag.eos)
-    device = contexts.tokens.device
-    max_rows = max(1, max_cells // (t * len(rag.dictionary)))
-    pairs = sorted(wanted)
-    start = 0
-    while start < len(pairs):  # chunks of pairs whose candidate rows fit max_rows (a first pair always goes in)
-        end, rows = start, 0
-        while end < len(pairs) and (end == start or rows + len(wanted[pairs[end]]) <= max_rows):
-            rows += len(wanted[pairs[end]])
-            end += 1
-        _score_lm_chunk(rag, contexts, pairs[start:end], wanted, (target, prev), out, k, device)
-        start = end
+    order = sorted(wanted, key=lambda pair: (-len(wanted[pair]), pair))
+    for pairs, longest in _chunks(order, wanted, t * len(rag.dictionary), 1.25, max_cells):
+        _score_lm_chunk(rag, contexts, pairs, longest, wanted, (target, prev), out, k)
     return out
 
 
-def _score_lm_chunk(rag, contexts, pairs: List[int], wanted, forcing, out: torch.Tensor, k: int, device) -> None:
+def _score_lm_chunk(rag, contexts, pairs: List[int], longest: int, wanted, forcing, out: torch.Tensor,
+                    k: int) -> None:
+    """Teacher-force the chunk's (pair, candidate) rows into ``out``. Every pair gets ``longest`` rows (a shorter
+    list repeats its last candidate), so each context is held once for its rows (models/lm_prefix_cache.py)."""
     target, prev = forcing
+    device = contexts.tokens.device
     index = torch.tensor(pairs, device=device)
     state: Dict[str, Dict[str, Optional[torch.Tensor]]] = {}
     rag.reader.start(state, contexts.tokens.index_select(0, index), contexts.lengths.index_select(0, index))
-    pair_of_row = torch.tensor([i for i, p in enumerate(pairs) for _ in wanted[p]], device=device)
-    cands = torch.tensor([c for p in pairs for c in wanted[p]])
-    rag.reader.reorder(state, pair_of_row)
-    lengths = contexts.lengths.index_select(0, index).index_select(0, pair_of_row)
-    logits = rag.reader.extend(state, prev[cands].to(device), lengths, 0)
-    tgt = target[cands].to(device)
+    rag.reader.reorder(state, torch.arange(len(pairs), device=device).repeat_interleave(longest))
+    slots = torch.tensor([wanted[p][min(j, len(wanted[p]) - 1)] for p in pairs for j in range(longest)])
+    lengths = contexts.lengths.index_select(0, index).repeat_interleave(longest)
+    logits = rag.reader.extend(state, prev[slots].to(device), lengths, 0)
+    tgt = target[slots].to(device)
     lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-    lp = lp.masked_fill(tgt.eq(rag.pad), 0.0).cpu()
-    docs = torch.tensor([p % k for p in pairs for _ in wanted[p]])
-    out[cands, docs] = lp
-
+    lp = lp.masked_fill(tgt.eq(rag.pad), 0.0).cpu().view(len(pairs), longest, -1)
+    for i, p in enumerate(pairs):
+        cands = wanted[p]
+        out[torch.tensor(cands), p % k] = lp[i, : len(cands)]
 
 
 def lm_teacher_forced_token_lp(rag, contexts, targets: List[torch.Tensor]) -> torch.Tensor:
