@@ -63,9 +63,8 @@ class LMReader:
                 *positions.shape, -1).detach()
         raise TypeError(f"unsupported position embedding {type(pe).__name__}")
 
-    def features(self, tokens: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                 attn_mask: Optional[torch.Tensor], incremental_state: Optional[IncrementalState]) -> torch.Tensor:
-        """The decoder's last hidden states [N, L, D] of ``tokens`` at ``positions``."""
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The decoder's input embeddings of ``tokens`` at ``positions``, time-first [L, N, D]."""
         dec = self.decoder
         x = dec.embed_scale * dec.embed_tokens(tokens)
         if dec.project_in_dim is not None:
@@ -75,7 +74,13 @@ class LMReader:
             x = x + pos.to(x.dtype)
         if dec.layernorm_embedding is not None:
             x = dec.layernorm_embedding(x)
-        x = dec.dropout_module(x).transpose(0, 1)                                 # [L, N, D]
+        return dec.dropout_module(x).transpose(0, 1)
+
+    def features(self, tokens: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                 attn_mask: Optional[torch.Tensor], incremental_state: Optional[IncrementalState]) -> torch.Tensor:
+        """The decoder's last hidden states [N, L, D] of ``tokens`` at ``positions``."""
+        dec = self.decoder
+        x = self._embed(tokens, positions)                                        # [L, N, D]
         for layer in dec.layers:
             x, _, _ = layer(x, None, None, incremental_state, self_attn_mask=attn_mask,
                             self_attn_padding_mask=key_padding_mask)
@@ -143,15 +148,7 @@ class LMReader:
         new = tokens.size(1)
         positions = (lengths.to(tokens.device).unsqueeze(1) + offset + self.pad + 1
                      + torch.arange(new, device=tokens.device).unsqueeze(0))
-        x = dec.embed_scale * dec.embed_tokens(tokens)
-        if dec.project_in_dim is not None:
-            x = dec.project_in_dim(x)
-        pos = self._positions(tokens, positions)
-        if pos is not None:
-            x = x + pos.to(x.dtype)
-        if dec.layernorm_embedding is not None:
-            x = dec.layernorm_embedding(x)
-        x = dec.dropout_module(x).transpose(0, 1)
+        x = self._embed(tokens, positions)
         for layer, layer_cache in zip(dec.layers, cache.layers):
             x = LayerView(layer, SharedPrefixAttention(layer.self_attn, layer_cache, cache.rows_per_group))(x)
         if dec.layer_norm is not None:
