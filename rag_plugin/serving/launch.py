@@ -12,12 +12,12 @@ logger = logging.getLogger("rag_plugin.serving")
 
 def run(settings: ServeSettings, announce=print) -> int:
     """Serve until SIGTERM/SIGINT; the exit status (0 after a graceful stop)."""
-    Stop().install()
+    stop = Stop().install()
     if settings.workers <= 1:
         engine = build_engine(settings)
         sock = bind(settings.host, settings.port)
         _announce(announce, settings, sock, engine)
-        serve(settings, sock, engine)
+        serve(settings, sock, engine, stop)
         return 0
     from rag_plugin.serving.workers import supervise  # start-up: multiprocessing's spawn
 

@@ -51,13 +51,17 @@ class Stop:
         return self
 
 
-def serve(settings: ServeSettings, sock: socket.socket, engine=None) -> None:
-    """Serve ``sock`` in this process until SIGTERM/SIGINT (the engine built here unless given)."""
+def serve(settings: ServeSettings, sock: socket.socket, engine=None, stop: "Stop" = None) -> None:
+    """Serve ``sock`` in this process until SIGTERM/SIGINT (the engine built here unless given). ``stop``: the
+    handler installed at the start; a signal it took while the model was loading ends the process here, before
+    serving (uvicorn would not know of it, and would serve on)."""
     import uvicorn
 
     from rag_plugin.serving.app import build_app
 
     engine = engine if engine is not None else build_engine(settings)
+    if stop is not None and stop.signals:
+        return
     config = uvicorn.Config(build_app(engine, settings), log_level=settings.log_level, access_log=False,
                             timeout_graceful_shutdown=None, proxy_headers=False, server_header=False)
     uvicorn.Server(config).run(sockets=[sock])

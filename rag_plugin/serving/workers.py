@@ -28,7 +28,7 @@ def worker_main(settings_dict: dict, sock, errors) -> None:
     from rag_plugin.serving.server import Stop, build_engine, serve
     from rag_plugin.util.quiet_import import import_fairseq_quietly
 
-    Stop().install()
+    stop = Stop().install()
     import_fairseq_quietly()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     settings = ServeSettings.from_dict(settings_dict)
@@ -37,7 +37,7 @@ def worker_main(settings_dict: dict, sock, errors) -> None:
     except UserError as err:
         errors.put(err.render())
         raise SystemExit(STARTUP_FAILED) from None
-    serve(settings, sock, engine)
+    serve(settings, sock, engine, stop)  # a SIGTERM taken while loading: no serving (the parent waits for it)
 
 
 def supervise(settings: ServeSettings, sock) -> int:
