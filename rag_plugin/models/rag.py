@@ -131,6 +131,20 @@ class RagModel(BaseFairseqModel):
         generator = build_bart(GeneratorShape.of(cfg, init=generator_init(cfg)), dictionary)
         if cfg.generator_checkpoint:
             load_generator_weights(generator, cfg.generator_checkpoint, dictionary)
+        reranker, query_encoder = cls.retrieval_parts(cfg, task)
+        model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg),
+                    doc_side.build_doc_encoder(cfg, task, query_encoder), reranker)
+        logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
+                    f"{count_parameters(generator):,}",
+                    f"{count_parameters(query_encoder):,}" if query_encoder is not None else "none",
+                    f"{count_parameters(model):,}")
+        return model
+
+    @classmethod
+    def retrieval_parts(cls, cfg, task):
+        """(reranker or None, query encoder or None) of a model built with ``cfg`` for ``task``: the reranking stage
+        (its first stage's query encoder then fixed) and the dense or hybrid retriever's query tower; shared by the
+        encoder-decoder and decoder-only readers."""
         reranker = build_reranker(reranker_name(task.cfg), cfg, task) if task.cfg.n_docs > 0 else None
         if reranker is not None and not cfg.freeze_query_encoder:  # no gradient reaches it: fixed, no graph
             logger.info("--reranker %s: the first stage only proposes candidates, its query encoder stays fixed",
@@ -139,13 +153,7 @@ class RagModel(BaseFairseqModel):
         query_encoder = None
         if task.cfg.n_docs > 0 and task.cfg.retriever != "bm25":  # dense or hybrid
             query_encoder = cls.build_query_encoder(cfg, task)
-        model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg),
-                    doc_side.build_doc_encoder(cfg, task, query_encoder), reranker)
-        logger.info("%s: trainable parameters: generator %s, query encoder %s, total %s", cls.__name__,
-                    f"{count_parameters(generator):,}",
-                    f"{count_parameters(query_encoder):,}" if query_encoder is not None else "none",
-                    f"{count_parameters(model):,}")
-        return model
+        return reranker, query_encoder
 
     @staticmethod
     def build_query_encoder(cfg: RagConfig, task) -> torch.nn.Module:

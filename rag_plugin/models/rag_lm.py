@@ -33,7 +33,6 @@ from rag_plugin.models.lm_reader import LMReader
 from rag_plugin.models.rag import RagModel
 from rag_plugin.models.rag_config import RagConfig, as_config
 from rag_plugin.reranking.options import reranker_name
-from rag_plugin.reranking.registry import build_reranker
 from rag_plugin.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -98,12 +97,7 @@ class RagLMModel(RagModel):
                 logger.info("%s is a converted GPT-2: <s>, <pad>, <unk> are no GPT-2 token, masked out of the "
                             "reader's distribution", cfg.generator_checkpoint)
             _record(given, {"transformer_lm": _plain(vars(args)), "masked_ids": list(masked)})
-        reranker = build_reranker(reranker_name(task.cfg), cfg, task) if task.cfg.n_docs > 0 else None
-        if reranker is not None and not cfg.freeze_query_encoder:
-            cfg.freeze_query_encoder = True
-        query_encoder = None
-        if task.cfg.n_docs > 0 and task.cfg.retriever != "bm25":
-            query_encoder = cls.build_query_encoder(cfg, task)
+        reranker, query_encoder = cls.retrieval_parts(cfg, task)
         model = cls(cfg, generator, query_encoder, dictionary, task.retrieval_context(cfg),
                     doc_side.build_doc_encoder(cfg, task, query_encoder), reranker, masked)
         logger.info("%s: trainable parameters: LM %s, query encoder %s, total %s; context %d tokens", cls.__name__,
